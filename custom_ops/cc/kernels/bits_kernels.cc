@@ -1,0 +1,224 @@
+// Copyright 2026 The tfgc Authors.
+//
+// CPU kernels of the bit-packing ops (and their CUDA glue when built with
+// GOOGLE_CUDA). Work is split over words on the intra-op thread pool.
+
+#define EIGEN_USE_THREADS
+
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "custom_ops/cc/kernels/bits_kernels.h"
+#include "custom_ops/cc/kernels/parallel.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
+
+namespace tfgc {
+namespace {
+
+using tensorflow::DEVICE_CPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::TensorShapeUtils;
+
+// Word blocks: 4096 words (128 Ki elements) at least per block.
+constexpr int64_t kMinWordBlock = 4096;
+
+class PackBitsOp : public OpKernel {
+ public:
+  explicit PackBitsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& mask = ctx->input(0);
+    const int64_t n = mask.NumElements();
+    const int64_t words = NumWords(n);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({words}), &out));
+    const uint8_t* bits =
+        reinterpret_cast<const uint8_t*>(mask.flat<bool>().data());
+    uint32_t* w = reinterpret_cast<uint32_t*>(out->flat<int32_t>().data());
+    Blocks blocks(words, NumThreads(ctx), kMinWordBlock);
+    ForEachBlock(ctx, blocks, [&](int64_t b) {
+      const int64_t end = blocks.end(b);
+      for (int64_t j = blocks.begin(b); j < end; ++j) {
+        const int64_t first = j * kBitsPerWord;
+        const int count =
+            static_cast<int>(std::min<int64_t>(kBitsPerWord, n - first));
+        w[j] = PackWord(bits + first, count);
+      }
+    });
+  }
+};
+
+absl::Status CheckWordsDim(int64_t got, int64_t n) {
+  if (got != NumWords(n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`words` must have ceil(n / 32) = ", NumWords(n),
+        " entries in its last axis for n=", n, ". Received: ", got));
+  }
+  return absl::OkStatus();
+}
+
+class UnpackBitsOp : public OpKernel {
+ public:
+  explicit UnpackBitsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("n", &n_));
+    OP_REQUIRES(ctx, n_ >= 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`n` must be non-negative. Received: n=", n_)));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& words = ctx->input(0);
+    OP_REQUIRES(ctx, words.dims() >= 1,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`words` must have rank >= 1. Received: shape=",
+                    words.shape().DebugString())));
+    const int64_t w = words.dim_size(words.dims() - 1);
+    OP_REQUIRES_OK(ctx, CheckWordsDim(w, n_));
+    TensorShape out_shape = words.shape();
+    out_shape.set_dim(words.dims() - 1, n_);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
+    if (out->NumElements() == 0) return;
+    const uint32_t* in =
+        reinterpret_cast<const uint32_t*>(words.flat<int32_t>().data());
+    bool* mask = out->flat<bool>().data();
+    const int64_t total = words.NumElements();
+    const int64_t n = n_;
+    Blocks blocks(total, NumThreads(ctx), kMinWordBlock);
+    ForEachBlock(ctx, blocks, [&](int64_t b) {
+      const int64_t end = blocks.end(b);
+      for (int64_t g = blocks.begin(b); g < end; ++g) {
+        const int64_t row = g / w;
+        const int64_t j = g - row * w;
+        const int64_t first = j * kBitsPerWord;
+        const int count =
+            static_cast<int>(std::min<int64_t>(kBitsPerWord, n - first));
+        const uint32_t word = in[g];
+        bool* dst = mask + row * n + first;
+        for (int i = 0; i < count; ++i) dst[i] = (word >> i) & 1u;
+      }
+    });
+  }
+
+ private:
+  int64_t n_;
+};
+
+// Shared validation of words [p, w] (and scales [p]).
+absl::Status CheckReduceInputs(const Tensor& words, const Tensor* scales,
+                               int64_t n) {
+  if (!TensorShapeUtils::IsMatrix(words.shape())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`words` must be a matrix [p, ceil(n / 32)]. Received: "
+                     "shape=",
+                     words.shape().DebugString()));
+  }
+  TF_RETURN_IF_ERROR(CheckWordsDim(words.dim_size(1), n));
+  if (scales != nullptr) {
+    if (!TensorShapeUtils::IsVector(scales->shape()) ||
+        scales->dim_size(0) != words.dim_size(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "`scales` must be a vector with one entry per row of `words`. "
+          "Received: scales.shape=",
+          scales->shape().DebugString(),
+          ", words.shape=", words.shape().DebugString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T, bool kVote>
+class UnpackBitsReduceOp : public OpKernel {
+ public:
+  explicit UnpackBitsReduceOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("n", &n_));
+    OP_REQUIRES(ctx, n_ >= 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`n` must be non-negative. Received: n=", n_)));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& words = ctx->input(0);
+    const Tensor* scales = kVote ? nullptr : &ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckReduceInputs(words, scales, n_));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
+    if (n_ == 0) return;
+    const int64_t p = words.dim_size(0);
+    const int64_t w = words.dim_size(1);
+    const uint32_t* in =
+        reinterpret_cast<const uint32_t*>(words.flat<int32_t>().data());
+    std::vector<float> s(p);
+    if (!kVote) {
+      const T* sp = scales->flat<T>().data();
+      for (int64_t i = 0; i < p; ++i) s[i] = static_cast<float>(sp[i]);
+    }
+    T* dst = out->flat<T>().data();
+    const int64_t n = n_;
+    Blocks blocks(w, NumThreads(ctx), std::max<int64_t>(1, kMinWordBlock / 
+                                                               (p + 1)));
+    ForEachBlock(ctx, blocks, [&](int64_t b) {
+      float acc[kBitsPerWord];
+      int32_t votes[kBitsPerWord];
+      const int64_t end = blocks.end(b);
+      for (int64_t j = blocks.begin(b); j < end; ++j) {
+        std::fill(acc, acc + kBitsPerWord, 0.0f);
+        std::fill(votes, votes + kBitsPerWord, 0);
+        for (int64_t i = 0; i < p; ++i) {
+          const uint32_t word = in[i * w + j];
+          if (kVote) {
+            for (int bit = 0; bit < kBitsPerWord; ++bit) {
+              votes[bit] += (word >> bit) & 1u;
+            }
+          } else {
+            const float si = s[i];
+            for (int bit = 0; bit < kBitsPerWord; ++bit) {
+              acc[bit] += ((word >> bit) & 1u) ? si : -si;
+            }
+          }
+        }
+        const int64_t first = j * kBitsPerWord;
+        const int count =
+            static_cast<int>(std::min<int64_t>(kBitsPerWord, n - first));
+        for (int bit = 0; bit < count; ++bit) {
+          const float v =
+              kVote ? (2 * votes[bit] >= p ? 1.0f : -1.0f) : acc[bit];
+          dst[first + bit] = static_cast<T>(v);
+        }
+      }
+    });
+  }
+
+ private:
+  int64_t n_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("Tfgc>PackBits").Device(DEVICE_CPU), PackBitsOp);
+REGISTER_KERNEL_BUILDER(Name("Tfgc>UnpackBits").Device(DEVICE_CPU),
+                        UnpackBitsOp);
+
+#define REGISTER_CPU(T)                                                    \
+  REGISTER_KERNEL_BUILDER(                                                 \
+      Name("Tfgc>UnpackBitsSum").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
+      UnpackBitsReduceOp<T, false>);                                       \
+  REGISTER_KERNEL_BUILDER(                                                 \
+      Name("Tfgc>UnpackBitsVote").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
+      UnpackBitsReduceOp<T, true>);
+
+REGISTER_CPU(float)
+REGISTER_CPU(Eigen::half)
+REGISTER_CPU(Eigen::bfloat16)
+
+#undef REGISTER_CPU
+
+}  // namespace
+}  // namespace tfgc

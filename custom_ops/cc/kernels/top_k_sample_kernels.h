@@ -1,0 +1,234 @@
+// Copyright 2026 The tfgc Authors.
+//
+// TopKSample: sampled top-k selection by magnitude (MSTopK, RedSync threshold
+// search, trimmed top-k). This header holds everything the CPU kernel, the
+// CUDA kernels and the standalone CUDA harness share. It does not include any
+// TensorFlow header, so that `custom_ops/cuda_harness/` can compile the same
+// kernel source with nvcc alone.
+//
+// Definitions shared by every implementation (and by the pure-TF reference in
+// tfgc/ops/top_k_sample.py, which is the test oracle):
+//   key(x)  = -1 if x is NaN, else |x| computed in float32.
+//   mean    = (float) (sum of finite keys in double / number of finite keys),
+//             0 when no key is finite; max = largest finite key (0 if none);
+//             diff = max - mean (float32).
+//   thr(r)  = mean + r * diff in float32, r a dyadic ratio in [0, 1].
+// Output indices are always in increasing order.
+
+#ifndef TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_KERNELS_H_
+#define TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_KERNELS_H_
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace tfgc {
+
+enum class TopKSampleMode : int {
+  kMsTopK = 0,     // exact k: bisection, then band fill from a random slice
+  kThreshold = 1,  // RedSync: bisection until k < count < 2k
+  kTrimmed = 2,    // exact top-k (lowest index first among equal keys)
+};
+
+// The final selection, in terms of keys: every element with
+// `has_above && key >= above` (key > above when `above_strict`) is selected,
+// plus the elements of the band
+// `band_lo <= key < above` (no upper bound when !has_above; no lower bound,
+// NaN keys included, when !has_band_lo) whose rank inside the band, in index
+// order, lies in [start, start + need).
+struct SelectionPlan {
+  bool has_above = false;
+  bool above_strict = false;
+  float above = 0.0f;
+  int64_t above_count = 0;
+  bool has_band_lo = false;
+  float band_lo = 0.0f;
+  int64_t need = 0;
+  int64_t start = 0;
+  int64_t output_size = 0;
+};
+
+// SplitMix64 finaliser; the reference implements the same in TF uint64 ops.
+inline uint64_t SplitMix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// Start of MSTopK's band slice: uniform in [0, max_start] given the seed.
+inline int64_t SliceStart(int64_t seed, int64_t max_start) {
+  if (max_start <= 0) return 0;
+  const double u = static_cast<double>(
+                       SplitMix64(static_cast<uint64_t>(seed)) >> 11) *
+                   (1.0 / 9007199254740992.0);  // 2^-53
+  const int64_t s =
+      static_cast<int64_t>(u * static_cast<double>(max_start + 1));
+  return s > max_start ? max_start : s;
+}
+
+inline float Threshold(float mean, float diff, float ratio) {
+  const float step = ratio * diff;  // two roundings, no FMA: as in TF
+  return mean + step;
+}
+
+// The bisection of MSTopK (counts of key >= thr) and of RedSync's threshold
+// search (counts of key > thr). Drive it with NextThreshold()/Update().
+class Bisection {
+ public:
+  Bisection(TopKSampleMode mode, int64_t k, float mean, float diff)
+      : mode_(mode), k_(k), mean_(mean), diff_(diff) {}
+
+  float NextRatio() const { return (lo_ + hi_) * 0.5f; }
+  float NextThreshold() const { return Threshold(mean_, diff_, NextRatio()); }
+
+  // Feeds the count at NextThreshold().
+  void Update(int64_t count) {
+    const float ratio = NextRatio();
+    const float thr = Threshold(mean_, diff_, ratio);
+    if (mode_ == TopKSampleMode::kThreshold) {
+      if (count <= k_) {
+        hi_ = ratio;
+      } else if (count >= 2 * k_) {
+        lo_ = ratio;
+        if (!has_lo_ || count < lo_count_) Lo(thr, count);
+      } else {
+        accepted_ = true;
+        lo_ = ratio;
+        Lo(thr, count);
+      }
+      return;
+    }
+    if (count <= k_) {
+      hi_ = ratio;
+      if (!has_hi_ || count > hi_count_) {
+        has_hi_ = true;
+        hi_thr_ = thr;
+        hi_count_ = count;
+      }
+    } else {
+      lo_ = ratio;
+      if (!has_lo_ || count < lo_count_) Lo(thr, count);
+    }
+  }
+
+  bool accepted() const { return accepted_; }
+  bool has_hi() const { return has_hi_; }
+  float hi_thr() const { return hi_thr_; }
+  int64_t hi_count() const { return hi_count_; }
+  bool has_lo() const { return has_lo_; }
+  float lo_thr() const { return lo_thr_; }
+  int64_t lo_count() const { return lo_count_; }
+  float lo_ratio() const { return lo_; }
+  float hi_ratio() const { return hi_; }
+
+ private:
+  void Lo(float thr, int64_t count) {
+    has_lo_ = true;
+    lo_thr_ = thr;
+    lo_count_ = count;
+  }
+
+  TopKSampleMode mode_;
+  int64_t k_;
+  float mean_;
+  float diff_;
+  float lo_ = 0.0f;
+  float hi_ = 1.0f;
+  bool accepted_ = false;
+  bool has_hi_ = false;
+  float hi_thr_ = 0.0f;
+  int64_t hi_count_ = 0;
+  bool has_lo_ = false;
+  float lo_thr_ = 0.0f;
+  int64_t lo_count_ = 0;
+};
+
+// Whether `key` is in the plan's above set. Strict comparisons stay strict:
+// TensorFlow's threads flush denormals, so `key >= nextafter(t)` would not
+// equal `key > t` at t = 0.
+inline bool IsAbove(const SelectionPlan& p, float key) {
+  return p.has_above && (p.above_strict ? key > p.above : key >= p.above);
+}
+
+// Plan for MSTopK after the bisection; `n` is the number of elements.
+inline SelectionPlan MsTopKPlan(const Bisection& b, int64_t n, int64_t k,
+                                int64_t seed) {
+  SelectionPlan p;
+  p.has_above = b.has_hi();
+  p.above = b.hi_thr();
+  p.above_count = b.has_hi() ? b.hi_count() : 0;
+  p.has_band_lo = b.has_lo();
+  p.band_lo = b.lo_thr();
+  const int64_t band = (b.has_lo() ? b.lo_count() : n) - p.above_count;
+  p.need = k - p.above_count;
+  p.start = SliceStart(seed, band - p.need);
+  p.output_size = k;
+  return p;
+}
+
+// Plan for the threshold search when a count > k was seen (accepted or not):
+// everything with key > lo_thr.
+inline SelectionPlan ThresholdPlan(const Bisection& b) {
+  SelectionPlan p;
+  p.has_above = true;
+  p.above_strict = true;
+  p.above = b.lo_thr();
+  p.above_count = b.lo_count();
+  p.output_size = b.lo_count();
+  return p;
+}
+
+// Plan for exact top-k given the k-th largest key `v` and the number of keys
+// strictly greater than it.
+inline SelectionPlan ExactPlan(float v, int64_t greater, int64_t k) {
+  SelectionPlan p;
+  p.has_above = true;  // key > v
+  p.above_strict = true;
+  p.above = v;
+  p.above_count = greater;
+  p.has_band_lo = true;
+  p.band_lo = v;
+  p.need = k - greater;
+  p.start = 0;
+  p.output_size = k;
+  return p;
+}
+
+// Ratios of the trimmed top-k candidate search, highest first.
+constexpr int kTrimmedSteps = 5;
+constexpr float kTrimmedRatios[kTrimmedSteps] = {0.8f, 0.6f, 0.4f, 0.2f,
+                                                 0.0f};
+
+// ---------------------------------------------------------------------------
+// CUDA launchers (defined in *.cu.cc; declared here so that the TF glue and
+// the harness call the same code). All pointers are device pointers.
+// ---------------------------------------------------------------------------
+namespace gpu {
+
+// Bytes of device scratch the launchers need for `n` elements.
+int64_t TopKSampleScratchBytes(int64_t n);
+
+// Computes acc = gradient + residual into `acc` (may alias `residual`).
+template <typename T>
+int AddResidual(const T* gradient, const T* residual, T* acc, int64_t n,
+                void* stream);
+
+// Runs the statistics and the bisection (synchronising with the host) and
+// fills `plan`. Returns a cudaError_t value (0 is success).
+template <typename T>
+int TopKSamplePlan(const T* x, int64_t n, int64_t k, TopKSampleMode mode,
+                   int rounds, int64_t seed, void* scratch, void* stream,
+                   SelectionPlan* plan);
+
+// Writes plan.output_size values and indices (in index order); when
+// `zero_selected` is not null, also zeroes those positions there.
+template <typename T>
+int TopKSampleWrite(const T* x, int64_t n, const SelectionPlan& plan,
+                    T* values, int32_t* indices, T* zero_selected,
+                    void* scratch, void* stream);
+
+}  // namespace gpu
+}  // namespace tfgc
+
+#endif  // TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_KERNELS_H_

@@ -1,0 +1,98 @@
+// Copyright 2026 The tfgc Authors.
+//
+// Op registrations of Tfgc>TopKSample and Tfgc>TopKSampleWithResidual.
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tfgc {
+namespace {
+
+using tensorflow::Tensor;
+using tensorflow::shape_inference::DimensionHandle;
+using tensorflow::shape_inference::InferenceContext;
+using tensorflow::shape_inference::ShapeHandle;
+
+// Output length: k for the exact-k modes when k is known, unknown otherwise.
+absl::Status SelectionLength(InferenceContext* c, int k_input,
+                             DimensionHandle* out) {
+  ShapeHandle unused;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(k_input), 0, &unused));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(k_input + 1), 0, &unused));
+  std::string mode;
+  TF_RETURN_IF_ERROR(c->GetAttr("mode", &mode));
+  *out = c->UnknownDim();
+  const Tensor* k = c->input_tensor(k_input);
+  if (k == nullptr || mode == "threshold") return absl::OkStatus();
+  const int64_t kv = k->dtype() == tensorflow::DT_INT32
+                         ? static_cast<int64_t>(k->scalar<int32_t>()())
+                         : k->scalar<int64_t>()();
+  // An out-of-range k is left to the kernel, which raises
+  // InvalidArgumentError at run time in eager and graph mode alike.
+  const DimensionHandle num = c->NumElements(c->input(0));
+  const int64_t n = c->ValueKnown(num) ? c->Value(num) : -1;
+  if (kv >= 0 && (n < 0 || kv <= n)) *out = c->MakeDim(kv);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("Tfgc>TopKSample")
+    .Input("x: T")
+    .Input("k: Tk")
+    .Input("seed: int64")
+    .Output("values: T")
+    .Output("indices: int32")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("Tk: {int32, int64} = DT_INT32")
+    .Attr("mode: {'mstopk', 'threshold', 'trimmed'} = 'mstopk'")
+    .Attr("rounds: int >= 1 = 20")
+    .SetShapeFn([](InferenceContext* c) {
+      DimensionHandle len;
+      TF_RETURN_IF_ERROR(SelectionLength(c, 1, &len));
+      c->set_output(0, c->Vector(len));
+      c->set_output(1, c->Vector(len));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Selects about k elements of the flattened `x` by magnitude without sorting.
+
+mode=mstopk: exactly k (MSTopK band fill, random slice chosen by `seed`);
+mode=threshold: RedSync threshold search, k < size < 2k when such a
+threshold exists; mode=trimmed: exact top-k, lower index first among ties.
+Indices are increasing; NaN has the lowest magnitude, +-Inf the highest.
+)doc");
+
+REGISTER_OP("Tfgc>TopKSampleWithResidual")
+    .Input("gradient: T")
+    .Input("residual: T")
+    .Input("k: Tk")
+    .Input("seed: int64")
+    .Output("values: T")
+    .Output("indices: int32")
+    .Output("new_residual: T")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("Tk: {int32, int64} = DT_INT32")
+    .Attr("mode: {'mstopk', 'threshold', 'trimmed'} = 'mstopk'")
+    .Attr("rounds: int >= 1 = 20")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle merged;
+      TF_RETURN_IF_ERROR(c->Merge(c->input(0), c->input(1), &merged));
+      DimensionHandle len;
+      TF_RETURN_IF_ERROR(SelectionLength(c, 2, &len));
+      c->set_output(0, c->Vector(len));
+      c->set_output(1, c->Vector(len));
+      c->set_output(2, merged);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+TopKSample of acc = gradient + residual, fused with error feedback:
+new_residual is acc with the selected entries set to zero.
+)doc");
+
+}  // namespace tfgc

@@ -1,0 +1,1 @@
+"""Training mains that show tfgc on standard models (absl flags, Keras)."""

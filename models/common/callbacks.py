@@ -1,0 +1,230 @@
+"""Keras callbacks the mains share, and the list every main installs."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import keras
+import tensorflow as tf
+from absl import logging
+from tensorflow.core.framework import summary_pb2
+
+import tfgc
+
+# TensorBoard's scalar plugin reads summaries tagged with this metadata.
+_SCALAR_METADATA = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
+)
+
+
+def write_scalars(writer, values: dict, step: int, prefix: str = "") -> None:
+    """Writes `values` as TensorBoard scalars with `writer` at `step`.
+
+    Uses `tf.summary.write` with the scalar plugin's metadata, which needs
+    no `tensorboard` package (TensorFlow 2.21 does not depend on it).
+    """
+    with writer.as_default():
+        for name, value in values.items():
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                continue
+            tf.summary.write(
+                prefix + name,
+                tf.constant(value, tf.float32),
+                step=step,
+                metadata=_SCALAR_METADATA,
+            )
+    writer.flush()
+
+
+class Throughput(keras.callbacks.Callback):
+    """Measures examples/s and step time every `log_steps` steps.
+
+    At every `log_steps`-th step (counted over the whole run, 1-based, as
+    Keras's TensorBoard counts) it adds `examples_per_second` and
+    `step_time` to the batch logs, so that TensorBoard and the progress bar
+    show them, and logs a line with absl. Time spent between epochs
+    (checkpointing, evaluation) is not counted.
+
+    Args:
+        global_batch_size: examples per step over all replicas.
+        log_steps: measure every this many steps.
+    """
+
+    def __init__(self, global_batch_size: int, log_steps: int):
+        super().__init__()
+        self.global_batch_size = global_batch_size
+        self.log_steps = log_steps
+        self.step = 0
+        #: `(step, examples_per_second, step_time)` of every window.
+        self.records: list[tuple[int, float, float]] = []
+        self._start = None
+        self._steps_in_window = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = time.perf_counter()
+        self._steps_in_window = 0
+
+    def _record(self, logs):
+        elapsed = time.perf_counter() - self._start
+        step_time = elapsed / self._steps_in_window
+        rate = self.global_batch_size / step_time
+        self.records.append((self.step, rate, step_time))
+        logging.info(
+            "step %d: %.1f examples/s, %.4f s/step",
+            self.step,
+            rate,
+            step_time,
+        )
+        if logs is not None:
+            logs["examples_per_second"] = rate
+            logs["step_time"] = step_time
+        self._start = time.perf_counter()
+        self._steps_in_window = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        self._steps_in_window += 1
+        if self.step % self.log_steps == 0:
+            self._record(logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._steps_in_window:
+            self._record(None)
+
+    def steady_examples_per_second(self) -> float | None:
+        """Mean rate over the windows after the first (tracing) one.
+
+        Returns the only window's rate if there is one, `None` if none.
+        """
+        if not self.records:
+            return None
+        rates = [rate for _, rate, _ in self.records]
+        steady = rates[1:] or rates
+        return sum(steady) / len(steady)
+
+
+class Perplexity(keras.callbacks.Callback):
+    """Adds `perplexity` = exp(`loss`) (and `val_perplexity`) to the logs.
+
+    The loss must be the mean cross entropy per token in nats.
+    """
+
+    @staticmethod
+    def add(logs: dict | None, prefix: str = "") -> None:
+        if logs and f"{prefix}loss" in logs:
+            loss = float(logs[f"{prefix}loss"])
+            logs[f"{prefix}perplexity"] = math.exp(min(loss, 700.0))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.add(logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.add(logs)
+        self.add(logs, "val_")
+
+
+class ScalarSummaries(keras.callbacks.Callback):
+    """TensorBoard scalars of the logs: every `log_steps` steps and epoch.
+
+    Writes `batch/<name>` for every log value at every `log_steps`-th step
+    (loss, metrics, compression ratio, bytes, step time, examples/s) and
+    `epoch/<name>` at the end of every epoch, under `log_dir/train`.
+
+    Args:
+        log_dir: TensorBoard log directory.
+        log_steps: write batch scalars every this many steps.
+    """
+
+    def __init__(self, log_dir: str, log_steps: int):
+        super().__init__()
+        self.log_dir = log_dir
+        self.log_steps = log_steps
+        self.step = 0
+        self._writer = None
+
+    @property
+    def writer(self):
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(
+                os.path.join(self.log_dir, "train")
+            )
+        return self._writer
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        if logs and self.step % self.log_steps == 0:
+            write_scalars(self.writer, logs, self.step, "batch/")
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs:
+            write_scalars(self.writer, logs, epoch + 1, "epoch/")
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class ChiefBackupAndRestore(keras.callbacks.BackupAndRestore):
+    """`BackupAndRestore` where every worker restores, only the chief saves.
+
+    All workers load the chief's backup at the start of `fit` (so their
+    replicas begin equal); only the chief writes and deletes it. The
+    directory must therefore be shared by the workers (as `--model_dir` is
+    on a cluster file system).
+    """
+
+    def __init__(self, backup_dir: str, chief: bool, **kwargs):
+        super().__init__(backup_dir, **kwargs)
+        self.chief = chief
+
+    def _save_model(self):
+        if self.chief:
+            super()._save_model()
+
+    def on_train_end(self, logs=None):
+        if self.chief:
+            super().on_train_end(logs)
+
+
+def make_callbacks(
+    *,
+    model_dir: str,
+    output_dir: str,
+    chief: bool,
+    global_batch_size: int,
+    log_steps: int,
+    extra: tuple[keras.callbacks.Callback, ...] = (),
+) -> tuple[list[keras.callbacks.Callback], Throughput]:
+    """The callbacks every main installs, in an order that matters.
+
+    Callbacks that add values to the logs (compression stats, `extra`,
+    throughput) come before the TensorBoard writer; Keras appends its
+    progress bar and `History` last, so they see the added values too.
+
+    Args:
+        model_dir: `--model_dir`; the backup lives in `model_dir/backup`
+            and is read by every worker.
+        output_dir: where this worker writes TensorBoard summaries
+            (`model_dir` on the chief, a temporary directory elsewhere).
+        chief: whether this worker is the chief.
+        global_batch_size: examples per step over all replicas.
+        log_steps: throughput and batch summaries every N steps.
+        extra: model-specific callbacks that add to the logs.
+
+    Returns:
+        The callback list and its `Throughput` member.
+    """
+    throughput = Throughput(global_batch_size, log_steps)
+    callbacks = [
+        tfgc.callbacks.CompressionStats(),
+        *extra,
+        throughput,
+        ScalarSummaries(os.path.join(output_dir, "tensorboard"), log_steps),
+        ChiefBackupAndRestore(os.path.join(model_dir, "backup"), chief=chief),
+    ]
+    return callbacks, throughput

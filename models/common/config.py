@@ -1,0 +1,226 @@
+"""`CommonConfig`: the validated, frozen settings every main shares.
+
+A config is built once (from flags in a main, or directly in tests and
+notebooks) and checked in `__post_init__`, so a bad value or a bad
+combination fails before TensorFlow starts any work. Messages follow the
+project style: they name the flag, the value received and what is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tfgc
+
+STRATEGIES = ("multi_worker_mirrored", "mirrored", "one_device")
+ALL_REDUCE_ALGS = ("ring", "nccl")
+CLUSTER_RESOLVERS = ("tf_config", "slurm")
+
+# Which compressor takes which parameter flag.
+_DENSITY_COMPRESSORS = ("topk", "randomk")
+_RANK_COMPRESSORS = ("powersgd",)
+
+
+def _canonical(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def _check_positive_int(name: str, value, allow_none: bool = True) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"`--{name}` must be an integer >= 1. Received: {name}={value!r}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class CommonConfig:
+    """Settings shared by every main; see `models.common.flags` for help.
+
+    Attributes:
+        model_dir: where the chief writes checkpoints, TensorBoard summaries
+            and `summary.json`.
+        compressor: a name from `tfgc.compressors.names()`.
+        density: fraction of entries sent by "topk" / "randomk"; `None`
+            keeps the compressor's default.
+        rank: rank of "powersgd"; `None` keeps its default.
+        error_feedback: keep and re-send what compression dropped.
+        min_compress_size: tensors with fewer elements go dense.
+        distribution_strategy: one of `STRATEGIES`.
+        all_reduce_alg: "ring" or "nccl" for the collectives, `None` for
+            TensorFlow's default.
+        cluster_resolver: "tf_config" (the `TF_CONFIG` variable) or "slurm"
+            (`SlurmClusterResolver`), for `multi_worker_mirrored` only.
+        train_steps: total training steps; `None` trains whole epochs.
+        epochs: number of epochs (the total steps are split evenly over
+            them); `None` leaves the model's default.
+        eval_steps: evaluation steps; `None` evaluates the whole split.
+        skip_eval: do not evaluate after training.
+        log_steps: throughput and TensorBoard batch logs every N steps.
+        batch_size: batch size per replica; `None` for the model default.
+        learning_rate: base learning rate; `None` for the model default.
+        use_synthetic_data: random inputs of the real shapes.
+        data_dir: where the real data lies.
+        seed: random seed for weights, data order and compressors.
+    """
+
+    model_dir: str
+    compressor: str = "identity"
+    density: float | None = None
+    rank: int | None = None
+    error_feedback: bool = True
+    min_compress_size: int = 1024
+    distribution_strategy: str = "multi_worker_mirrored"
+    all_reduce_alg: str | None = None
+    cluster_resolver: str = "tf_config"
+    train_steps: int | None = None
+    epochs: int | None = None
+    eval_steps: int | None = None
+    skip_eval: bool = False
+    log_steps: int = 100
+    batch_size: int | None = None
+    learning_rate: float | None = None
+    use_synthetic_data: bool = False
+    data_dir: str | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.model_dir:
+            raise ValueError(
+                "`--model_dir` is required: the directory for checkpoints, "
+                "TensorBoard summaries and summary.json. Received: "
+                f"model_dir={self.model_dir!r}"
+            )
+        self._check_compression()
+        if self.distribution_strategy not in STRATEGIES:
+            raise ValueError(
+                "`--distribution_strategy` must be one of "
+                f"{list(STRATEGIES)}. Received: "
+                f"distribution_strategy={self.distribution_strategy!r}"
+            )
+        if self.all_reduce_alg is not None:
+            if self.all_reduce_alg not in ALL_REDUCE_ALGS:
+                raise ValueError(
+                    "`--all_reduce_alg` must be one of "
+                    f"{list(ALL_REDUCE_ALGS)}. Received: "
+                    f"all_reduce_alg={self.all_reduce_alg!r}"
+                )
+            if self.distribution_strategy == "one_device":
+                raise ValueError(
+                    "`--all_reduce_alg` has no effect with "
+                    "--distribution_strategy=one_device (nothing is "
+                    "reduced). Drop it, or use multi_worker_mirrored or "
+                    "mirrored."
+                )
+        if self.cluster_resolver not in CLUSTER_RESOLVERS:
+            raise ValueError(
+                "`--cluster_resolver` must be one of "
+                f"{list(CLUSTER_RESOLVERS)}. Received: "
+                f"cluster_resolver={self.cluster_resolver!r}"
+            )
+        if (
+            self.cluster_resolver != "tf_config"
+            and self.distribution_strategy != "multi_worker_mirrored"
+        ):
+            raise ValueError(
+                f"`--cluster_resolver={self.cluster_resolver}` needs "
+                "--distribution_strategy=multi_worker_mirrored. Received: "
+                f"distribution_strategy={self.distribution_strategy!r}"
+            )
+        for name in ("train_steps", "epochs", "eval_steps", "batch_size"):
+            _check_positive_int(name, getattr(self, name))
+        _check_positive_int("log_steps", self.log_steps, allow_none=False)
+        if (
+            isinstance(self.min_compress_size, bool)
+            or not isinstance(self.min_compress_size, int)
+            or self.min_compress_size < 0
+        ):
+            raise ValueError(
+                "`--min_compress_size` must be an integer >= 0. Received: "
+                f"min_compress_size={self.min_compress_size!r}"
+            )
+        if self.learning_rate is not None and not self.learning_rate > 0:
+            raise ValueError(
+                "`--learning_rate` must be > 0. Received: "
+                f"learning_rate={self.learning_rate!r}"
+            )
+        if (
+            self.train_steps is not None
+            and self.epochs is not None
+            and self.train_steps % self.epochs
+        ):
+            raise ValueError(
+                "`--train_steps` is split evenly over `--epochs`, so it must "
+                "be a multiple of it. Received: "
+                f"train_steps={self.train_steps}, epochs={self.epochs}"
+            )
+        if self.use_synthetic_data:
+            if self.train_steps is None:
+                raise ValueError(
+                    "`--use_synthetic_data` has no epoch length: pass "
+                    "`--train_steps` too (e.g. --train_steps=100)."
+                )
+        elif not self.data_dir:
+            raise ValueError(
+                "Pass `--data_dir` with the dataset, or `--use_synthetic_data`"
+                f" for random inputs. Received: data_dir={self.data_dir!r}"
+            )
+
+    def _check_compression(self) -> None:
+        names = tfgc.compressors.names()
+        key = _canonical(self.compressor)
+        if key not in names:
+            raise ValueError(
+                f"`--compressor` must be one of {names}. Received: "
+                f"compressor={self.compressor!r}"
+            )
+        if self.density is not None and key not in _DENSITY_COMPRESSORS:
+            raise ValueError(
+                f"`--density` applies only to --compressor in "
+                f"{list(_DENSITY_COMPRESSORS)}. Received: "
+                f"compressor={self.compressor!r}, density={self.density!r}"
+            )
+        if self.density is not None and not 0 < self.density <= 1:
+            raise ValueError(
+                "`--density` must be in (0, 1]. Received: "
+                f"density={self.density!r}"
+            )
+        if self.rank is not None and key not in _RANK_COMPRESSORS:
+            raise ValueError(
+                f"`--rank` applies only to --compressor in "
+                f"{list(_RANK_COMPRESSORS)}. Received: "
+                f"compressor={self.compressor!r}, rank={self.rank!r}"
+            )
+        _check_positive_int("rank", self.rank)
+        # Let the library have the last word on its own arguments.
+        tfgc.compressors.get(self.compressor, **self.compressor_kwargs())
+
+    def compressor_kwargs(self) -> dict:
+        """Constructor arguments for `tfgc.compressors.get`."""
+        kwargs = {}
+        if self.density is not None:
+            kwargs["density"] = self.density
+        if self.rank is not None:
+            kwargs["rank"] = self.rank
+        return kwargs
+
+    def steps_per_epoch(self, examples_steps: int | None = None) -> int:
+        """Steps in one epoch.
+
+        Args:
+            examples_steps: steps in one pass over the training data, or
+                `None` for synthetic data.
+
+        Returns:
+            `train_steps // epochs` when `train_steps` is set, else
+            `examples_steps`.
+        """
+        if self.train_steps is not None:
+            return self.train_steps // (self.epochs or 1)
+        if examples_steps is None:
+            raise ValueError("steps_per_epoch needs `--train_steps`.")
+        return examples_steps
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)

@@ -1,0 +1,121 @@
+"""Strategy factory, chief detection and per-worker output directories."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from models.common.config import CommonConfig
+
+_Implementation = tf.distribute.experimental.CommunicationImplementation
+
+
+def communication_options(
+    config: CommonConfig,
+) -> tf.distribute.experimental.CommunicationOptions | None:
+    """`--all_reduce_alg` as `CommunicationOptions` (`None`: TF's default)."""
+    if config.all_reduce_alg is None:
+        return None
+    implementation = {
+        "ring": _Implementation.RING,
+        "nccl": _Implementation.NCCL,
+    }[config.all_reduce_alg]
+    return tf.distribute.experimental.CommunicationOptions(
+        implementation=implementation
+    )
+
+
+def make_strategy(config: CommonConfig) -> tf.distribute.Strategy:
+    """Builds the strategy `--distribution_strategy` names.
+
+    Raises:
+        ValueError: `--all_reduce_alg=nccl` without a GPU.
+    """
+    # Physical, not logical: listing logical devices initialises the eager
+    # context, after which MultiWorkerMirroredStrategy can no longer
+    # configure its collectives.
+    gpus = tf.config.list_physical_devices("GPU")
+    if config.all_reduce_alg == "nccl" and not gpus:
+        raise ValueError(
+            "`--all_reduce_alg=nccl` needs GPUs and none is visible. Use "
+            "--all_reduce_alg=ring (or leave it out) on CPUs."
+        )
+    name = config.distribution_strategy
+    if name == "one_device":
+        device = "/gpu:0" if gpus else "/cpu:0"
+        return tf.distribute.OneDeviceStrategy(device)
+    if name == "mirrored":
+        cross_device_ops = None
+        if config.all_reduce_alg == "nccl":
+            cross_device_ops = tf.distribute.NcclAllReduce()
+        elif config.all_reduce_alg == "ring":
+            # MirroredStrategy has no ring; reduce on one device instead.
+            cross_device_ops = tf.distribute.ReductionToOneDevice()
+        return tf.distribute.MirroredStrategy(cross_device_ops=cross_device_ops)
+    resolver = None
+    if config.cluster_resolver == "slurm":
+        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
+    return tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver,
+        communication_options=communication_options(config),
+    )
+
+
+def task_info(strategy: tf.distribute.Strategy) -> tuple[str | None, int]:
+    """This process's `(task_type, task_id)`; `(None, 0)` without a cluster."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or resolver.task_type is None:
+        return None, 0
+    return resolver.task_type, int(resolver.task_id or 0)
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this process writes checkpoints, summaries and the summary.
+
+    The chief is the "chief" task if the cluster has one, else worker 0, and
+    the only process of a single-process strategy.
+    """
+    task_type, task_id = task_info(strategy)
+    if task_type is None or task_type == "chief":
+        return True
+    cluster = strategy.cluster_resolver.cluster_spec().as_dict()
+    return task_type == "worker" and task_id == 0 and "chief" not in cluster
+
+
+def num_workers(strategy: tf.distribute.Strategy) -> int:
+    """Number of worker processes in the cluster (1 without one)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or resolver.task_type is None:
+        return 1
+    cluster = resolver.cluster_spec().as_dict()
+    return sum(len(cluster.get(t, [])) for t in ("chief", "worker")) or 1
+
+
+def output_dir(model_dir: str, strategy: tf.distribute.Strategy) -> str:
+    """`model_dir` on the chief; a fresh temporary directory elsewhere.
+
+    Every worker must run the same callbacks (some of them read values in
+    collectives), but only the chief's files are kept: the others write
+    into a directory of their own that the caller may delete afterwards.
+    """
+    if is_chief(strategy):
+        os.makedirs(model_dir, exist_ok=True)
+        return model_dir
+    task_type, task_id = task_info(strategy)
+    return tempfile.mkdtemp(prefix=f"tfgc_{task_type}{task_id}_")
+
+
+def distribute_dataset(
+    strategy: tf.distribute.Strategy,
+    dataset_fn: Callable[[tf.distribute.InputContext], tf.data.Dataset],
+):
+    """Calls `dataset_fn` once per worker input pipeline.
+
+    `dataset_fn` gets a `tf.distribute.InputContext`; it shards by
+    `input_pipeline_id` and batches with
+    `get_per_replica_batch_size(global_batch)`.
+    """
+    return strategy.distribute_datasets_from_function(dataset_fn)

@@ -1,0 +1,144 @@
+"""The absl flags every main shares, and reading them once into a config.
+
+A main calls `define_common_flags()` at import time, defines its own flags,
+and in `main()` calls `common_config_from_flags()` exactly once. Nothing
+outside the mains reads `FLAGS`.
+"""
+
+from __future__ import annotations
+
+from absl import flags
+
+import tfgc
+from models.common.config import (
+    ALL_REDUCE_ALGS,
+    CLUSTER_RESOLVERS,
+    STRATEGIES,
+    CommonConfig,
+)
+
+
+def define_common_flags() -> None:
+    """Defines the shared flags on `absl.flags.FLAGS` (once per process)."""
+    if "compressor" in flags.FLAGS:
+        return
+    flags.DEFINE_string(
+        "model_dir",
+        None,
+        "Directory for checkpoints (BackupAndRestore), TensorBoard summaries "
+        "and summary.json. Only the chief writes here.",
+    )
+    flags.DEFINE_enum(
+        "compressor",
+        "identity",
+        tfgc.compressors.names(),
+        "Gradient compressor ('identity' sends dense gradients).",
+    )
+    flags.DEFINE_float(
+        "density",
+        None,
+        "Fraction of gradient entries sent, for topk and randomk.",
+    )
+    flags.DEFINE_integer("rank", None, "Rank of the powersgd approximation.")
+    flags.DEFINE_bool(
+        "error_feedback",
+        True,
+        "Add what compression dropped to the next step's gradient.",
+    )
+    flags.DEFINE_integer(
+        "min_compress_size",
+        1024,
+        "Gradients with fewer elements are sent dense.",
+    )
+    flags.DEFINE_enum(
+        "distribution_strategy",
+        "multi_worker_mirrored",
+        list(STRATEGIES),
+        "tf.distribute strategy. multi_worker_mirrored reads TF_CONFIG "
+        "(a single local worker without it).",
+    )
+    flags.DEFINE_enum(
+        "all_reduce_alg",
+        None,
+        list(ALL_REDUCE_ALGS),
+        "Collective implementation (CommunicationOptions for "
+        "multi_worker_mirrored; NcclAllReduce / ReductionToOneDevice for "
+        "mirrored). Default: TensorFlow's choice.",
+    )
+    flags.DEFINE_enum(
+        "cluster_resolver",
+        "tf_config",
+        list(CLUSTER_RESOLVERS),
+        "How multi_worker_mirrored finds its cluster: the TF_CONFIG "
+        "variable, or SLURM's environment (SlurmClusterResolver).",
+    )
+    flags.DEFINE_integer(
+        "train_steps",
+        None,
+        "Total training steps (split evenly over --epochs). Default: "
+        "whole epochs of the training data.",
+    )
+    flags.DEFINE_integer(
+        "epochs", None, "Number of epochs. Default: the model's own."
+    )
+    flags.DEFINE_integer(
+        "eval_steps",
+        None,
+        "Evaluation steps. Default: the whole evaluation split.",
+    )
+    flags.DEFINE_bool("skip_eval", False, "Do not evaluate after training.")
+    flags.DEFINE_integer(
+        "log_steps",
+        100,
+        "Log throughput and write TensorBoard batch summaries every N steps.",
+    )
+    flags.DEFINE_integer(
+        "batch_size",
+        None,
+        "Batch size per replica (the global batch is this times the number "
+        "of replicas). Default: the model's own.",
+    )
+    flags.DEFINE_float(
+        "learning_rate",
+        None,
+        "Base learning rate. Default: the model's own.",
+    )
+    flags.DEFINE_bool(
+        "use_synthetic_data",
+        False,
+        "Train and evaluate on random inputs of the real shapes.",
+    )
+    flags.DEFINE_string("data_dir", None, "Directory of the real dataset.")
+    flags.DEFINE_integer("seed", 0, "Random seed.")
+
+
+def common_config_from_flags(
+    flag_values: flags.FlagValues = flags.FLAGS,
+) -> CommonConfig:
+    """Reads the shared flags once into a validated `CommonConfig`.
+
+    Raises:
+        ValueError: a value or a combination of values is invalid.
+    """
+    f = flag_values
+    return CommonConfig(
+        model_dir=f.model_dir,
+        compressor=f.compressor,
+        density=f.density,
+        rank=f.rank,
+        error_feedback=f.error_feedback,
+        min_compress_size=f.min_compress_size,
+        distribution_strategy=f.distribution_strategy,
+        all_reduce_alg=f.all_reduce_alg,
+        cluster_resolver=f.cluster_resolver,
+        train_steps=f.train_steps,
+        epochs=f.epochs,
+        eval_steps=f.eval_steps,
+        skip_eval=f.skip_eval,
+        log_steps=f.log_steps,
+        batch_size=f.batch_size,
+        learning_rate=f.learning_rate,
+        use_synthetic_data=f.use_synthetic_data,
+        data_dir=f.data_dir,
+        seed=f.seed,
+    )

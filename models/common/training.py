@@ -1,0 +1,177 @@
+"""Compile-independent training driver: optimizer, fit, evaluate, summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import keras
+import tensorflow as tf
+from absl import logging
+
+import tfgc
+from models.common import callbacks as callbacks_lib
+from models.common import distribution
+from models.common.config import CommonConfig
+
+SUMMARY_FILE = "summary.json"
+
+
+def compressed_optimizer(
+    config: CommonConfig, inner: keras.optimizers.Optimizer
+) -> tfgc.CompressedOptimizer:
+    """Wraps `inner` as the compression flags ask.
+
+    `--all_reduce_alg` reaches tfgc's collectives through the strategy:
+    `MultiWorkerMirroredStrategy` merges its `communication_options` into
+    every collective of its replica context, tfgc's included, and
+    `MirroredStrategy` uses its `cross_device_ops`.
+    """
+    return tfgc.CompressedOptimizer(
+        inner,
+        compressor=tfgc.compressors.get(
+            config.compressor, **config.compressor_kwargs()
+        ),
+        error_feedback=config.error_feedback,
+        min_compress_size=config.min_compress_size,
+        seed=config.seed,
+    )
+
+
+def _floats(logs: Mapping[str, Any] | None) -> dict[str, float]:
+    return {k: float(v) for k, v in (logs or {}).items()}
+
+
+def train_and_evaluate(
+    *,
+    name: str,
+    config: CommonConfig,
+    strategy: tf.distribute.Strategy,
+    model: keras.Model,
+    train_data,
+    steps_per_epoch: int,
+    epochs: int,
+    global_batch_size: int,
+    eval_sets: Mapping[str, tuple[Any, int]] | None = None,
+    extra_callbacks: tuple[keras.callbacks.Callback, ...] = (),
+    derived: Callable[[dict[str, float]], None] | None = None,
+    model_config: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Trains, evaluates and writes `summary.json`; returns the summary.
+
+    Every worker runs this whole function (fit and evaluate are
+    collective); only the chief's outputs land in `config.model_dir`.
+
+    Args:
+        name: the model's name, for the summary.
+        config: the shared settings.
+        strategy: the strategy `model` was built and compiled under.
+        model: a compiled model whose optimizer is a `CompressedOptimizer`.
+        train_data: a (distributed) dataset that does not run out.
+        steps_per_epoch: steps in one epoch.
+        epochs: number of epochs.
+        global_batch_size: examples per step over all replicas.
+        eval_sets: name -> `(dataset, steps)` to evaluate after training,
+            e.g. `{"valid": ..., "test": ...}`.
+        extra_callbacks: model-specific callbacks that add to the logs.
+        derived: adds derived metrics (e.g. perplexity) to a dict of
+            results in place; applied to the final train and eval results.
+        model_config: model-specific settings for the summary.
+
+    Returns:
+        The run summary (also written as JSON to `<output dir>/summary.json`).
+    """
+    chief = distribution.is_chief(strategy)
+    out_dir = distribution.output_dir(config.model_dir, strategy)
+    callbacks, throughput = callbacks_lib.make_callbacks(
+        model_dir=config.model_dir,
+        output_dir=out_dir,
+        chief=chief,
+        global_batch_size=global_batch_size,
+        log_steps=config.log_steps,
+        extra=extra_callbacks,
+    )
+    start = time.perf_counter()
+    history = model.fit(
+        train_data,
+        epochs=epochs,
+        steps_per_epoch=steps_per_epoch,
+        callbacks=callbacks,
+        shuffle=False,  # the input pipelines shuffle themselves
+        verbose=1 if chief else 0,
+    )
+    train_seconds = time.perf_counter() - start
+    stats = model.optimizer.compression_stats()
+    train_metrics = {
+        k: v[-1] for k, v in history.history.items() if v and k != "lr"
+    }
+    train_metrics = _floats(train_metrics)
+    if derived is not None:
+        derived(train_metrics)
+    eval_metrics = {}
+    eval_writer = tf.summary.create_file_writer(
+        os.path.join(out_dir, "tensorboard", "eval")
+    )
+    for split, (data, steps) in (eval_sets or {}).items():
+        results = _floats(
+            model.evaluate(
+                data, steps=steps, return_dict=True, verbose=1 if chief else 0
+            )
+        )
+        if derived is not None:
+            derived(results)
+        results["steps"] = steps
+        eval_metrics[split] = results
+        callbacks_lib.write_scalars(
+            eval_writer, results, throughput.step, f"eval/{split}/"
+        )
+        if chief:
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in results.items())
+            print(f"{name} {split}: {shown}", flush=True)
+    steps_run = throughput.step
+    summary = {
+        "model": name,
+        "chief": chief,
+        "num_workers": distribution.num_workers(strategy),
+        "num_replicas": strategy.num_replicas_in_sync,
+        "global_batch_size": global_batch_size,
+        "epochs": epochs,
+        "steps_per_epoch": steps_per_epoch,
+        "train_steps": steps_run,
+        "train_seconds": train_seconds,
+        "examples_per_second": throughput.steady_examples_per_second(),
+        "examples_per_second_overall": (
+            steps_run * global_batch_size / train_seconds if steps_run else None
+        ),
+        "throughput": [
+            {"step": s, "examples_per_second": r, "step_time": t}
+            for s, r, t in throughput.records
+        ],
+        # Per worker, before the collective's own ring factor.
+        "bytes_per_step": {
+            "compressed": stats.get("sent_bytes"),
+            "dense": stats.get("dense_bytes"),
+            "compression_ratio": stats.get("compression_ratio"),
+        },
+        "train": train_metrics,
+        "history": {
+            k: [float(x) for x in v] for k, v in history.history.items()
+        },
+        "eval": eval_metrics,
+        "num_parameters": int(model.count_params()),
+        "config": config.as_dict(),
+        "model_config": dict(model_config or {}),
+    }
+    eval_writer.close()
+    path = os.path.join(out_dir, SUMMARY_FILE)
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=2, sort_keys=True)
+    if chief:
+        logging.info("Run summary written to %s", path)
+    else:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return summary

@@ -1,0 +1,258 @@
+"""ImageNet (and CIFAR-10) input pipelines, sharded per worker.
+
+Sources, looked up in `--data_dir`:
+- ImageNet TFRecords as written by the usual conversion scripts:
+  `train-*-of-*` and `validation-*-of-*` files of `tf.train.Example`s with
+  `image/encoded` (JPEG) and `image/class/label` (1..1000).
+- a prepared tensorflow-datasets directory: `<data_dir>/imagenet2012/<ver>`
+  (or `cifar10/<ver>` with `--cifar_sized`); nothing is downloaded.
+
+Training preprocessing (ImageNet): a random crop covering 8-100 % of the
+image with aspect ratio 3/4-4/3 (decoded with `decode_and_crop_jpeg`, so
+only the crop is decoded), bilinear resize to 224x224, random horizontal
+flip, per-channel mean/std normalisation. Evaluation: a central crop of
+224/256 of the shorter side, resized to 224x224. CIFAR-10: 4-pixel pad
+and random 32x32 crop plus flip for training, the plain image for
+evaluation. Labels come out one-hot (for label smoothing).
+
+Every input pipeline (one per worker under `distribute_datasets_from_function`)
+reads its own subset of files, repeats forever and batches per replica; the
+caller bounds the steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+
+import numpy as np
+import tensorflow as tf
+
+_AUTOTUNE = tf.data.AUTOTUNE
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+    """What the model needs to know about a dataset."""
+
+    tfds_name: str
+    image_size: int
+    num_classes: int
+    train_examples: int
+    eval_examples: int
+    eval_split: str
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+
+IMAGENET = DatasetSpec(
+    "imagenet2012",
+    224,
+    1000,
+    1_281_167,
+    50_000,
+    "validation",
+    (0.485, 0.456, 0.406),
+    (0.229, 0.224, 0.225),
+)
+CIFAR10 = DatasetSpec(
+    "cifar10",
+    32,
+    10,
+    50_000,
+    10_000,
+    "test",
+    (0.4914, 0.4822, 0.4465),
+    (0.2470, 0.2435, 0.2616),
+)
+
+TFRECORD_PATTERNS = {"train": "train-*", "eval": "validation-*"}
+
+
+def tfrecord_files(data_dir: str, split: str) -> list[str]:
+    """ImageNet TFRecord files of `split` ("train" or "eval")."""
+    return sorted(glob.glob(os.path.join(data_dir, TFRECORD_PATTERNS[split])))
+
+
+def find_source(data_dir: str, spec: DatasetSpec) -> str | None:
+    """ "tfrecord", "tfds", or `None` when `data_dir` holds neither."""
+    if spec is IMAGENET and all(
+        tfrecord_files(data_dir, s) for s in ("train", "eval")
+    ):
+        return "tfrecord"
+    prepared = os.path.join(data_dir, spec.tfds_name, "*", "dataset_info.json")
+    if glob.glob(prepared):
+        return "tfds"
+    return None
+
+
+def _normalize(image, spec: DatasetSpec):
+    mean = tf.constant(spec.mean, tf.float32) * 255.0
+    std = tf.constant(spec.std, tf.float32) * 255.0
+    return (tf.cast(image, tf.float32) - mean) / std
+
+
+def imagenet_train_image(image_bytes, size: int = 224):
+    """Random-resized crop and flip of an encoded JPEG, as float32 0-255."""
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    whole = tf.constant([0.0, 0.0, 1.0, 1.0], tf.float32, [1, 1, 4])
+    begin, crop, _ = tf.image.sample_distorted_bounding_box(
+        shape,
+        bounding_boxes=whole,
+        min_object_covered=0.1,
+        aspect_ratio_range=(3 / 4, 4 / 3),
+        area_range=(0.08, 1.0),
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    top, left, _ = tf.unstack(begin)
+    height, width, _ = tf.unstack(crop)
+    image = tf.image.decode_and_crop_jpeg(
+        image_bytes, tf.stack([top, left, height, width]), channels=3
+    )
+    image = tf.image.resize(image, [size, size], method="bilinear")
+    return tf.image.random_flip_left_right(image)
+
+
+def imagenet_eval_image(image_bytes, size: int = 224, padding: int = 32):
+    """Central crop of `size / (size + padding)` of the shorter side."""
+    shape = tf.image.extract_jpeg_shape(image_bytes)
+    height, width = shape[0], shape[1]
+    ratio = size / (size + padding)
+    side = tf.cast(
+        ratio * tf.cast(tf.minimum(height, width), tf.float32), tf.int32
+    )
+    top = (height - side + 1) // 2
+    left = (width - side + 1) // 2
+    image = tf.image.decode_and_crop_jpeg(
+        image_bytes, tf.stack([top, left, side, side]), channels=3
+    )
+    return tf.image.resize(image, [size, size], method="bilinear")
+
+
+def cifar_train_image(image, size: int = 32):
+    """4-pixel zero pad, random crop back to `size`, random flip."""
+    image = tf.image.resize_with_crop_or_pad(image, size + 8, size + 8)
+    image = tf.image.random_crop(image, [size, size, 3])
+    return tf.image.random_flip_left_right(image)
+
+
+def _preprocess(spec: DatasetSpec, training: bool):
+    def fn(image, label):
+        if spec is IMAGENET:
+            if training:
+                image = imagenet_train_image(image, spec.image_size)
+            else:
+                image = imagenet_eval_image(image, spec.image_size)
+        elif training:
+            image = cifar_train_image(image, spec.image_size)
+        image = _normalize(image, spec)
+        label = tf.one_hot(tf.cast(label, tf.int32), spec.num_classes)
+        return image, label
+
+    return fn
+
+
+def _parse_example(serialized):
+    features = tf.io.parse_single_example(
+        serialized,
+        {
+            "image/encoded": tf.io.FixedLenFeature([], tf.string),
+            "image/class/label": tf.io.FixedLenFeature([], tf.int64),
+        },
+    )
+    # The conversion scripts number classes from 1 (0 was "background").
+    return features["image/encoded"], features["image/class/label"] - 1
+
+
+def _tfrecord_examples(data_dir, split, training, context, seed):
+    files = tf.data.Dataset.from_tensor_slices(tfrecord_files(data_dir, split))
+    files = files.shard(context.num_input_pipelines, context.input_pipeline_id)
+    if training:
+        files = files.shuffle(1024, seed=seed)
+    ds = files.interleave(
+        tf.data.TFRecordDataset,
+        cycle_length=8,
+        num_parallel_calls=_AUTOTUNE,
+        deterministic=not training,
+    )
+    return ds.map(_parse_example, num_parallel_calls=_AUTOTUNE)
+
+
+def _tfds_examples(data_dir, spec, training, context, seed):
+    import tensorflow_datasets as tfds
+
+    decoders = None
+    if spec is IMAGENET:
+        # Keep the JPEG bytes: only the crop gets decoded.
+        decoders = {"image": tfds.decode.SkipDecoding()}
+    ds = tfds.builder(spec.tfds_name, data_dir=data_dir).as_dataset(
+        split="train" if training else spec.eval_split,
+        shuffle_files=training,
+        decoders=decoders,
+        read_config=tfds.ReadConfig(input_context=context, shuffle_seed=seed),
+    )
+    return ds.map(lambda ex: (ex["image"], ex["label"]))
+
+
+def dataset_fn(
+    data_dir: str,
+    spec: DatasetSpec,
+    source: str,
+    global_batch_size: int,
+    training: bool,
+    seed: int = 0,
+    shuffle_buffer: int = 10_000,
+):
+    """A function for `strategy.distribute_datasets_from_function`.
+
+    Args:
+        data_dir: the dataset directory.
+        spec: `IMAGENET` or `CIFAR10`.
+        source: "tfrecord" or "tfds" (see `find_source`).
+        global_batch_size: examples per step over all replicas.
+        training: training (shuffled, augmented) or evaluation pipeline.
+        seed: shuffle seed.
+        shuffle_buffer: examples in the shuffle buffer.
+    """
+
+    def fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch = context.get_per_replica_batch_size(global_batch_size)
+        if source == "tfrecord":
+            ds = _tfrecord_examples(
+                data_dir,
+                "train" if training else "eval",
+                training,
+                context,
+                seed,
+            )
+        else:
+            ds = _tfds_examples(data_dir, spec, training, context, seed)
+        if training:
+            ds = ds.shuffle(shuffle_buffer, seed=seed)
+        ds = ds.repeat()
+        ds = ds.map(_preprocess(spec, training), num_parallel_calls=_AUTOTUNE)
+        ds = ds.batch(batch, drop_remainder=True)
+        options = tf.data.Options()
+        options.experimental_deterministic = not training
+        return ds.with_options(options).prefetch(_AUTOTUNE)
+
+    return fn
+
+
+def synthetic_dataset_fn(
+    spec: DatasetSpec, global_batch_size: int, seed: int = 0
+):
+    """One random, normalised-looking batch of the real shapes, repeated."""
+
+    def fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+        batch = context.get_per_replica_batch_size(global_batch_size)
+        rng = np.random.default_rng(seed + context.input_pipeline_id)
+        size = spec.image_size
+        images = rng.normal(size=(batch, size, size, 3)).astype(np.float32)
+        labels = rng.integers(0, spec.num_classes, size=batch)
+        one_hot = np.eye(spec.num_classes, dtype=np.float32)[labels]
+        return tf.data.Dataset.from_tensors((images, one_hot)).repeat()
+
+    return fn

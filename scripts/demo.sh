@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job: sets up, then trains on 2 local workers (dense vs compressed)
+# and prints loss and bytes sent per step. Extra arguments go to the demo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export TF_CPP_MIN_LOG_LEVEL=2 PYTHONWARNINGS=ignore
+exec .venv/bin/python -m tfgc.launch -n 2 -- \
+  .venv/bin/python -m examples.digits_demo "$@"

@@ -1,0 +1,97 @@
+"""End-to-end runs of `models.lstm_lm.main` in one process."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from absl import flags
+from absl.testing import flagsaver
+
+from models.common.config import CommonConfig
+from models.lstm_lm import data
+from models.lstm_lm import main as lstm_main
+
+FLAGS = flags.FLAGS
+
+
+def test_main_synthetic_writes_summary_and_summaries(tmp_path, capsys):
+    model_dir = tmp_path / "model"
+    with flagsaver.flagsaver():
+        FLAGS.unparse_flags()
+        FLAGS(
+            [
+                "prog",
+                "--use_synthetic_data",
+                "--train_steps=4",
+                "--epochs=2",
+                "--log_steps=2",
+                "--batch_size=4",
+                "--distribution_strategy=one_device",
+                "--compressor=topk",
+                "--density=0.01",
+                f"--model_dir={model_dir}",
+            ]
+        )
+        lstm_main.main(["prog"])
+    out = capsys.readouterr().out
+    assert "valid perplexity:" in out and "test perplexity:" in out
+
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["train_steps"] == 4
+    assert summary["steps_per_epoch"] == 2
+    assert summary["num_replicas"] == 1
+    assert summary["global_batch_size"] == 4
+    bytes_per_step = summary["bytes_per_step"]
+    assert 0 < bytes_per_step["compressed"] < bytes_per_step["dense"]
+    assert summary["examples_per_second"] > 0
+    assert summary["tokens_per_second"] > 0
+    for split in ("valid", "test"):
+        result = summary["eval"][split]
+        assert np.isclose(result["perplexity"], np.exp(result["loss"]))
+    assert len(summary["history"]["perplexity"]) == 2
+    # TensorBoard event files for training and evaluation.
+    assert list((model_dir / "tensorboard" / "train").glob("events.*"))
+    assert list((model_dir / "tensorboard" / "eval").glob("events.*"))
+    # The backup is removed after a run that finished.
+    assert not (model_dir / "backup").exists()
+
+
+def test_vocab_and_windows(ptb_dir):
+    corpus = data.load_corpus(str(ptb_dir))
+    words = data.read_words(str(ptb_dir / "ptb.train.txt"))
+    assert words.count(data.EOS) == len(
+        (ptb_dir / "ptb.train.txt").read_text().splitlines()
+    )
+    assert corpus.vocab_size == len(set(words))
+    x, y = data.windows(corpus.train, 35)
+    assert x.shape == y.shape == (len(corpus.train) // 35, 35) or (
+        x.shape == y.shape == ((len(corpus.train) - 1) // 35, 35)
+    )
+    np.testing.assert_array_equal(x[0, 1:], y[0, :-1])
+    np.testing.assert_array_equal(x[1, 0], y[0, -1])
+
+
+def test_ptb_subset_perplexity_falls(ptb_dir, tmp_path):
+    config = lstm_main.LstmConfig(
+        common=CommonConfig(
+            model_dir=str(tmp_path / "model"),
+            data_dir=str(ptb_dir),
+            train_steps=40,
+            epochs=4,
+            eval_steps=4,
+            log_steps=10,
+            distribution_strategy="mirrored",
+            compressor="topk",
+            density=0.05,
+        ),
+        size="small",
+    )
+    summary = lstm_main.run(config)
+    perplexity = summary["history"]["perplexity"]
+    assert len(perplexity) == 4
+    # The untrained model is near uniform over the vocabulary.
+    assert perplexity[0] > 0.5 * summary["model_config"]["vocab_size"]
+    assert perplexity[-1] < 0.5 * perplexity[0], perplexity
+    assert summary["eval"]["valid"]["perplexity"] < perplexity[0]
+    assert summary["eval"]["test"]["perplexity"] < perplexity[0]

@@ -1,0 +1,154 @@
+"""ResNet v1.5 model, input pipelines and end-to-end runs in one process."""
+
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models.common.config import CommonConfig
+from models.resnet50_imagenet import data, resnet
+from models.resnet50_imagenet import main as resnet_main
+
+
+def test_resnet50_v1_5_shape_and_stride_placement():
+    model = resnet.resnet((224, 224, 3), 1000)
+    trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    assert trainable == 25_557_032
+    assert model.count_params() == 25_610_152
+    # v1.5: the first block of stages 2-4 strides in its 3x3 convolution.
+    for stage in (2, 3, 4):
+        assert model.get_layer(f"stage{stage}_0_1").strides == (1, 1)
+        assert model.get_layer(f"stage{stage}_0_2").strides == (2, 2)
+        assert model.get_layer(f"stage{stage}_0_proj").strides == (2, 2)
+    assert model.get_layer("pool").output.shape == (None, 2048)
+
+
+def test_warmup_decay_schedule():
+    schedule = resnet_main.WarmupDecay(0.4, 90, 9, "piecewise")
+    lr = [float(schedule(step)) for step in range(90)]
+    assert lr[0] == pytest.approx(0.4 / 9)
+    assert lr[8] == pytest.approx(0.4)
+    assert lr[29] == pytest.approx(0.4)
+    assert lr[30] == pytest.approx(0.04)
+    assert lr[60] == pytest.approx(0.004)
+    assert lr[80] == pytest.approx(0.0004)
+    cosine = resnet_main.WarmupDecay(0.4, 90, 9, "cosine")
+    assert float(cosine(9)) == pytest.approx(0.4)
+    assert float(cosine(89)) < 0.001
+    restored = resnet_main.WarmupDecay.from_config(cosine.get_config())
+    assert float(restored(50)) == pytest.approx(float(cosine(50)))
+
+
+def _write_imagenet_tfrecords(directory, split, count):
+    """Random JPEGs in the ImageNet TFRecord layout (labels 1..1000)."""
+    rng = np.random.default_rng(0)
+    path = directory / f"{split}-00000-of-00001"
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for i in range(count):
+            height, width = rng.integers(40, 90, size=2)
+            pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            example = tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "image/encoded": tf.train.Feature(
+                            bytes_list=tf.train.BytesList(
+                                value=[tf.io.encode_jpeg(pixels).numpy()]
+                            )
+                        ),
+                        "image/class/label": tf.train.Feature(
+                            int64_list=tf.train.Int64List(value=[i + 1])
+                        ),
+                    }
+                )
+            )
+            writer.write(example.SerializeToString())
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_imagenet_tfrecord_pipeline(tmp_path, training):
+    _write_imagenet_tfrecords(tmp_path, "train", 6)
+    _write_imagenet_tfrecords(tmp_path, "validation", 6)
+    assert data.find_source(str(tmp_path), data.IMAGENET) == "tfrecord"
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    fn = data.dataset_fn(
+        str(tmp_path), data.IMAGENET, "tfrecord", 4, training=training
+    )
+    images, labels = next(iter(strategy.distribute_datasets_from_function(fn)))
+    assert images.shape == (4, 224, 224, 3)
+    assert images.dtype == tf.float32
+    assert labels.shape == (4, 1000)
+    labels = labels.numpy()
+    np.testing.assert_array_equal(labels.sum(axis=1), 1)
+    # Labels 1..6 in the files become classes 0..5.
+    assert set(labels.argmax(axis=1)) <= set(range(6))
+    assert abs(float(tf.reduce_mean(images))) < 3
+
+
+def _config(tmp_path, **kwargs):
+    cifar_sized = kwargs.pop("cifar_sized", True)
+    mixed_precision = kwargs.pop("mixed_precision", False)
+    common = {
+        "model_dir": str(tmp_path / "model"),
+        "use_synthetic_data": True,
+        "train_steps": 4,
+        "epochs": 2,
+        "log_steps": 2,
+        "batch_size": 8,
+        "distribution_strategy": "one_device",
+        "compressor": "topk",
+        "density": 0.01,
+        **kwargs,
+    }
+    return resnet_main.ResnetConfig(
+        common=CommonConfig(**common),
+        cifar_sized=cifar_sized,
+        mixed_precision=mixed_precision,
+    )
+
+
+def test_cifar_sized_synthetic_end_to_end(tmp_path):
+    summary = resnet_main.run(_config(tmp_path))
+    on_disk = json.loads((tmp_path / "model" / "summary.json").read_text())
+    assert on_disk["train_steps"] == summary["train_steps"] == 4
+    assert summary["model"] == "resnet14_v1_5_cifar"
+    assert summary["model_config"]["image_size"] == 32
+    assert set(summary["eval"]["test"]) >= {"loss", "accuracy", "top5"}
+    stats = summary["bytes_per_step"]
+    assert stats["compression_ratio"] > 5
+    assert np.isfinite(summary["train"]["loss"])
+
+
+def test_cifar_sized_mixed_precision_restores_policy(tmp_path):
+    summary = resnet_main.run(
+        _config(
+            tmp_path,
+            mixed_precision=True,
+            compressor="signsgd",
+            density=None,
+            skip_eval=True,
+        )
+    )
+    assert np.isfinite(summary["train"]["loss"])
+    assert summary["eval"] == {}
+    assert keras.mixed_precision.global_policy().name == "float32"
+
+
+@pytest.mark.slow
+def test_resnet50_synthetic_two_steps(tmp_path):
+    summary = resnet_main.run(
+        _config(
+            tmp_path,
+            cifar_sized=False,
+            train_steps=2,
+            epochs=1,
+            batch_size=2,
+            eval_steps=1,
+        )
+    )
+    assert summary["num_parameters"] == 25_610_152
+    assert summary["bytes_per_step"]["dense"] == 4 * 25_557_032
+    assert np.isfinite(summary["train"]["loss"])

@@ -1,0 +1,382 @@
+"""Tests of tfgc.ops.top_k_sample: custom op vs pure-TF reference vs numpy."""
+
+import importlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tfgc.ops
+
+tks = importlib.import_module("tfgc.ops.top_k_sample")
+MODES = tks.MODES
+DTYPES = [tf.float32, tf.float16, tf.bfloat16]
+SIZES = [1, 2, 31, 32, 33, 127, 1023, 1024, 1025, 4095, 4097, 65537]
+
+
+# --------------------------------------------------------------------------
+# A third, numpy implementation of the specification (module docstring).
+# --------------------------------------------------------------------------
+def np_keys(x: np.ndarray) -> np.ndarray:
+    a = np.abs(np.asarray(x, np.float32).reshape(-1))
+    return np.where(np.isnan(a), np.float32(-1), a).astype(np.float32)
+
+
+def np_slice_start(seed: int, max_start: int) -> int:
+    if max_start <= 0:
+        return 0
+    mask = (1 << 64) - 1
+    z = (seed + 0x9E3779B97F4A7C15) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    u = float(z >> 11) * 2.0**-53
+    return min(int(u * float(max_start + 1)), max_start)
+
+
+def np_select(x, k, mode, rounds=20, seed=0) -> np.ndarray:
+    """Indices the specification selects, increasing."""
+    keys = np_keys(x)
+    n = keys.size
+    if k == 0:
+        return np.zeros([0], np.int64)
+    order = np.argsort(-keys, kind="stable")
+    if mode == "trimmed":
+        return np.sort(order[:k])
+    finite = np.isfinite(keys) & (keys >= 0)
+    if finite.any():
+        mean = np.float32(np.sum(keys[finite], dtype=np.float64) / finite.sum())
+        mx = keys[finite].max()
+    else:
+        mean = mx = np.float32(0)
+    diff = np.float32(mx - mean)
+    lo, hi = np.float32(0), np.float32(1)
+    strict = mode == "threshold"
+    hi_state = lo_state = None
+    for _ in range(rounds):
+        ratio = np.float32((lo + hi) * np.float32(0.5))
+        thr = np.float32(mean + np.float32(ratio * diff))
+        count = int(np.sum(keys > thr if strict else keys >= thr))
+        if strict:
+            if count <= k:
+                hi = ratio
+            elif count >= 2 * k:
+                lo = ratio
+                if lo_state is None or count < lo_state[1]:
+                    lo_state = (thr, count)
+            else:
+                lo_state = (thr, count)
+                break
+        elif count <= k:
+            hi = ratio
+            if hi_state is None or count > hi_state[1]:
+                hi_state = (thr, count)
+        else:
+            lo = ratio
+            if lo_state is None or count < lo_state[1]:
+                lo_state = (thr, count)
+    if strict:
+        if lo_state is None:
+            return np.sort(order[:k])
+        return np.flatnonzero(keys > lo_state[0])
+    above = keys >= hi_state[0] if hi_state else np.zeros(n, bool)
+    k1 = hi_state[1] if hi_state else 0
+    band = ~above & ((keys >= lo_state[0]) if lo_state else True)
+    band_idx = np.flatnonzero(band)
+    need = k - k1
+    size = (lo_state[1] if lo_state else n) - k1
+    assert size == band_idx.size
+    start = np_slice_start(seed, size - need)
+    chosen = band_idx[start : start + need]
+    return np.sort(np.concatenate([np.flatnonzero(above), chosen]))
+
+
+def check_selection(x, values, indices, k, mode):
+    """Properties every selection has."""
+    flat = np.asarray(tf.reshape(x, [-1]).numpy())
+    idx = indices.numpy()
+    assert indices.dtype == tf.int32
+    assert values.dtype == x.dtype
+    if mode == "threshold":
+        assert idx.size >= min(k, flat.size)
+    else:
+        assert idx.size == k
+    assert np.all(np.diff(idx) > 0), "indices increasing and unique"
+    np.testing.assert_array_equal(
+        values.numpy().astype(np.float32), flat[idx].astype(np.float32)
+    )
+
+
+def gaussian(n, seed=0, dtype=tf.float32):
+    rng = np.random.default_rng(seed)
+    return tf.constant(rng.standard_normal(n).astype(np.float32), dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("n", SIZES)
+def test_matches_numpy(backend, mode, dtype, n):
+    del backend
+    x = gaussian(n, seed=n, dtype=dtype)
+    for k in sorted({0, 1, max(1, n // 100), n // 2, n}):
+        values, indices = tfgc.ops.top_k_sample(x, k, mode=mode, seed=n + k)
+        check_selection(x, values, indices, k, mode)
+        want = np_select(x.numpy(), k, mode, seed=n + k)
+        np.testing.assert_array_equal(indices.numpy(), want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_custom_equals_reference(custom_lib, mode, dtype):
+    del custom_lib
+    rng = np.random.default_rng(1)
+    for trial in range(12):
+        n = int(rng.integers(1, 30000))
+        k = int(rng.integers(0, n + 1)) if trial % 2 else max(1, n // 1000)
+        x = rng.standard_normal(n).astype(np.float32)
+        if trial % 3 == 0:
+            x = np.round(x * 4) / 4  # many ties
+        x = tf.constant(x, dtype)
+        got = tfgc.ops.top_k_sample(x, k, mode=mode, seed=trial)
+        want = tks.top_k_sample_reference(x, k, mode=mode, seed=trial)
+        np.testing.assert_array_equal(got[1].numpy(), want[1].numpy())
+        np.testing.assert_array_equal(
+            got[0].numpy().astype(np.float32),
+            want[0].numpy().astype(np.float32),
+        )
+
+
+def test_empty_input(backend):
+    del backend
+    for mode in MODES:
+        v, i = tfgc.ops.top_k_sample(tf.zeros([0]), 0, mode=mode)
+        assert v.shape == [0] and i.shape == [0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_k_equals_n_selects_everything(backend, mode):
+    del backend
+    x = gaussian(1000)
+    _, i = tfgc.ops.top_k_sample(x, 1000, mode=mode)
+    np.testing.assert_array_equal(i.numpy(), np.arange(1000))
+
+
+@pytest.mark.parametrize("mode", ["mstopk", "trimmed"])
+def test_all_ties(backend, mode):
+    del backend
+    x = tf.fill([1000], 0.5)
+    _, i = tfgc.ops.top_k_sample(x, 10, mode=mode, seed=3)
+    assert i.shape == [10]
+    if mode == "trimmed":  # lower index first among ties
+        np.testing.assert_array_equal(i.numpy(), np.arange(10))
+    else:  # a contiguous slice of the band
+        np.testing.assert_array_equal(i.numpy(), i.numpy()[0] + np.arange(10))
+
+
+def test_mstopk_seed_determinism(backend):
+    del backend
+    x = tf.fill([1000], 1.0)
+    runs = {
+        s: tfgc.ops.top_k_sample(x, 10, seed=s)[1].numpy().tolist()
+        for s in range(6)
+    }
+    for s in range(6):
+        assert tfgc.ops.top_k_sample(x, 10, seed=s)[1].numpy().tolist() == (
+            runs[s]
+        )
+    assert len({tuple(v) for v in runs.values()}) > 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_nan_and_inf(backend, mode):
+    """Inf has the highest magnitude, NaN the lowest; nothing crashes."""
+    del backend
+    x = gaussian(1000).numpy()
+    x[[3, 500]] = np.inf
+    x[7] = -np.inf
+    x[[10, 20, 30]] = np.nan
+    v, i = tfgc.ops.top_k_sample(tf.constant(x), 20, mode=mode)
+    assert {3, 7, 500} <= set(i.numpy().tolist())
+    assert not {10, 20, 30} & set(i.numpy().tolist())
+    assert np.isinf(v.numpy()).sum() == 3
+    # NaN is selected only when k exceeds the number of other elements.
+    _, i = tfgc.ops.top_k_sample(tf.constant(x), 999, mode="trimmed")
+    assert len({10, 20, 30} & set(i.numpy().tolist())) == 2
+    all_nan = tf.fill([64], float("nan"))
+    v, i = tfgc.ops.top_k_sample(all_nan, 5, mode=mode)
+    assert i.shape[0] >= 5
+
+
+@pytest.mark.parametrize(
+    "dist", ["gaussian", "laplace"], ids=["gaussian", "laplace"]
+)
+@pytest.mark.parametrize("density", [0.001, 0.01])
+def test_recall(backend, dist, density):
+    del backend
+    n = 200_000
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal(n) if dist == "gaussian" else rng.laplace(size=n))
+    x = tf.constant(x.astype(np.float32))
+    k = int(np.ceil(density * n))
+    true = set(np.argsort(-np.abs(x.numpy()))[:k].tolist())
+    recall = {}
+    for mode in MODES:
+        _, i = tfgc.ops.top_k_sample(x, k, mode=mode, seed=1)
+        recall[mode] = len(true & set(i.numpy().tolist())) / k
+        if mode == "threshold":
+            assert k < i.shape[0] < 2 * k
+    assert recall["trimmed"] == 1.0
+    assert recall["threshold"] == 1.0  # a superset of the top-k
+    assert recall["mstopk"] >= 0.99, recall
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("mode", MODES)
+def test_residual_variant(backend, mode, dtype):
+    del backend
+    g = gaussian(5000, seed=1, dtype=dtype)
+    r = tf.reshape(gaussian(5000, seed=2, dtype=dtype), [50, 100])
+    g = tf.reshape(g, [50, 100])
+    v, i, new_r = tfgc.ops.top_k_sample(g, 50, mode=mode, seed=4, residual=r)
+    acc = (g + r).numpy().reshape(-1)
+    assert new_r.shape == [50, 100] and new_r.dtype == dtype
+    want_v, want_i = tfgc.ops.top_k_sample(g + r, 50, mode=mode, seed=4)
+    np.testing.assert_array_equal(i.numpy(), want_i.numpy())
+    np.testing.assert_array_equal(v.numpy(), want_v.numpy())
+    expect = acc.copy()
+    expect[i.numpy()] = 0
+    np.testing.assert_array_equal(new_r.numpy().reshape(-1), expect)
+    # Error feedback conserves mass: sent + kept == accumulated.
+    f32 = np.float32
+    np.testing.assert_allclose(
+        v.numpy().astype(f32).sum() + new_r.numpy().astype(f32).sum(),
+        acc.astype(f32).sum(),
+        rtol=1e-5,
+        atol=1e-3,
+    )
+
+
+@pytest.mark.parametrize("k", [-1, 11])
+def test_bad_k_raises_eager(backend, k):
+    del backend
+    with pytest.raises(tf.errors.InvalidArgumentError, match="k"):
+        tfgc.ops.top_k_sample(tf.ones([10]), k)
+
+
+@pytest.mark.parametrize("k", [-1, 11])
+def test_bad_k_raises_in_tf_function(backend, k):
+    del backend
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None], tf.float32),
+            tf.TensorSpec([], tf.int32),
+        ]
+    )
+    def dynamic(x, k):
+        return tfgc.ops.top_k_sample(x, k)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="k"):
+        dynamic(tf.ones([10]), tf.constant(k))
+
+    @tf.function
+    def static(x):
+        return tfgc.ops.top_k_sample(x, k)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="k"):
+        static(tf.ones([10]))
+
+
+def test_non_scalar_k_raises(backend):
+    del backend
+    with pytest.raises(tf.errors.InvalidArgumentError, match="scalar"):
+        tfgc.ops.top_k_sample(tf.ones([10]), tf.constant([1, 2]))
+
+
+def test_bad_python_arguments(backend):
+    del backend
+    with pytest.raises(ValueError, match="mode"):
+        tfgc.ops.top_k_sample(tf.ones([10]), 1, mode="radix")
+    with pytest.raises(ValueError, match="rounds"):
+        tfgc.ops.top_k_sample(tf.ones([10]), 1, rounds=0)
+    with pytest.raises(TypeError, match="dtype"):
+        tfgc.ops.top_k_sample(tf.ones([10], tf.int32), 1)
+
+
+def test_static_shape_in_tf_function(backend):
+    del backend
+
+    @tf.function
+    def f(x):
+        v, i = tfgc.ops.top_k_sample(x, 5, mode="mstopk")
+        assert v.shape.as_list() in ([5], [None])
+        return v, i
+
+    v, i = f(gaussian(100))
+    assert i.shape == [5]
+
+
+def test_not_differentiable(custom_lib):
+    del custom_lib
+    x = tf.Variable(gaussian(100))
+    with tf.GradientTape() as tape:
+        v, _ = tfgc.ops.top_k_sample(x, 5)
+        loss = tf.reduce_sum(v)
+    assert tape.gradient(loss, x) is None
+
+
+def test_output_shape_is_static_with_custom_op(custom_lib):
+    del custom_lib
+
+    @tf.function
+    def f(x):
+        v, i = tfgc.ops.top_k_sample(x, 5, mode="mstopk")
+        assert v.shape.as_list() == [5] and i.shape.as_list() == [5]
+        t, _ = tfgc.ops.top_k_sample(x, 5, mode="threshold")
+        assert t.shape.as_list() == [None]
+        return v
+
+    f(gaussian(100))
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    shape=st.lists(st.integers(0, 40), min_size=1, max_size=3),
+    frac=st.floats(0.0, 1.0),
+    mode=st.sampled_from(MODES),
+    seed=st.integers(-(2**63), 2**63 - 1),
+    ties=st.booleans(),
+    data_seed=st.integers(0, 2**32 - 1),
+)
+def test_property_random_shapes(
+    backend, shape, frac, mode, seed, ties, data_seed
+):
+    del backend
+    rng = np.random.default_rng(data_seed)
+    x = rng.standard_normal(shape).astype(np.float32)
+    if ties:
+        x = np.round(x)
+    n = x.size
+    k = int(round(frac * n))
+    xt = tf.constant(x)
+    v, i = tfgc.ops.top_k_sample(xt, k, mode=mode, seed=seed)
+    check_selection(xt, v, i, k, mode)
+    np.testing.assert_array_equal(i.numpy(), np_select(x, k, mode, seed=seed))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+def test_ten_million(backend, mode):
+    del backend
+    n = 10_000_000
+    x = gaussian(n, seed=5)
+    k = n // 1000
+    v, i = tfgc.ops.top_k_sample(x, k, mode=mode, seed=2)
+    check_selection(x, v, i, k, mode)
+    np.testing.assert_array_equal(i.numpy(), np_select(x.numpy(), k, mode, 20, 2))

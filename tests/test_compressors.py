@@ -1,0 +1,219 @@
+"""The contract every compressor keeps, plus each one's own behaviour."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfgc import compressors
+from tfgc.compressors.base import ALL_GATHER, payload_nbytes
+
+ALL = {
+    "identity": compressors.Identity(),
+    "fp16": compressors.FP16(),
+    "bf16": compressors.BF16(),
+    "topk": compressors.TopK(density=0.1),
+    "randomk": compressors.RandomK(density=0.1),
+    "signsgd": compressors.SignSGD(),
+    "signsgd_unscaled": compressors.SignSGD(scaled=False),
+    "powersgd": compressors.PowerSGD(rank=2),
+}
+SHAPES = [(37,), (64, 33), (8, 3, 3, 4)]
+DTYPES = [tf.float32, tf.float16, tf.bfloat16]
+
+
+def local_step(compressor, x, state, key):
+    """Runs every round for a single worker; returns everything seen."""
+    payload, ctx = compressor.compress(x, state, key)
+    payloads = [payload]
+    for _ in range(compressor.rounds - 1):
+        payload, ctx = compressor.next_round(
+            _as_received(compressor, payload), ctx
+        )
+        payloads.append(payload)
+    total, new_state = compressor.decompress(
+        _as_received(compressor, payload), ctx
+    )
+    return total, new_state, payloads, ctx
+
+
+def _as_received(compressor, payload):
+    if compressor.collective == ALL_GATHER:
+        return tf.nest.map_structure(lambda t: t[None], payload)
+    return payload
+
+
+def _random(shape, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return tf.cast(rng.normal(size=shape).astype("float32"), dtype)
+
+
+def _key(step=0):
+    return tf.constant([7, step], tf.int64)
+
+
+def _usable(compressor, shape):
+    return compressor.should_compress(shape)
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_round_trip_shape_dtype_and_bytes(name, shape, dtype):
+    compressor = ALL[name]
+    if not _usable(compressor, shape):
+        pytest.skip(f"{name} sends {shape} dense")
+    x = _random(shape, dtype)
+    state = compressor.init_state(shape, dtype, _key(-1))
+    total, new_state, payloads, _ = local_step(compressor, x, state, _key())
+    assert total.shape == x.shape
+    assert total.dtype == x.dtype
+    assert np.all(np.isfinite(tf.cast(total, tf.float32).numpy()))
+    assert tf.nest.map_structure(lambda t: t.shape, new_state) == (
+        tf.nest.map_structure(lambda t: t.shape, state)
+    )
+    measured = sum(int(payload_nbytes(p)) for p in payloads)
+    assert measured == compressor.payload_bytes(shape, dtype)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_config_round_trip(name):
+    compressor = ALL[name]
+    restored = keras.saving.deserialize_keras_object(
+        keras.saving.serialize_keras_object(compressor)
+    )
+    assert type(restored) is type(compressor)
+    assert restored.get_config() == compressor.get_config()
+    assert compressors.get(compressor) is compressor
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_error_feedback_conserves_mass(name):
+    """sum(sent) + residual == sum(inputs), step after step."""
+    compressor = compressors.ErrorFeedback(ALL[name])
+    shape = (64, 33)
+    state = compressor.init_state(shape, tf.float32, _key(-1))
+    sent_sum = tf.zeros(shape)
+    input_sum = tf.zeros(shape)
+    for step in range(5):
+        x = _random(shape, tf.float32, seed=step)
+        total, state, _, _ = local_step(compressor, x, state, _key(step))
+        sent_sum += total  # one worker: the total is what it sent
+        input_sum += x
+    np.testing.assert_allclose(
+        (sent_sum + state.residual).numpy(), input_sum.numpy(), atol=1e-4
+    )
+
+
+def test_error_feedback_residual_is_what_was_not_sent():
+    compressor = compressors.ErrorFeedback(compressors.TopK(density=0.25))
+    x = tf.constant([4.0, -3.0, 0.5, 0.1, -0.2, 2.0, 0.0, 1.0])
+    state = compressor.init_state((8,), tf.float32, _key(-1))
+    total, state, _, _ = local_step(compressor, x, state, _key())
+    np.testing.assert_array_equal(total.numpy(), [4, -3, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(
+        state.residual.numpy(),
+        np.float32([0, 0, 0.5, 0.1, -0.2, 2.0, 0, 1.0]),
+    )
+    # The residual takes part in the next selection: 2.0 + 0.1 beats 1.9.
+    total, _, _, _ = local_step(
+        compressor, tf.constant([0, 0, 0, 0, 0, 0.1, 0, 1.9]), state, _key(1)
+    )
+    assert set(np.flatnonzero(total.numpy())) == {5, 7}
+
+
+def test_topk_selects_largest_magnitudes():
+    x = tf.constant([0.1, -5.0, 0.3, 4.0, -0.2, 0.0, 3.0, -1.0, 0.5, 0.05])
+    total, _, payloads, _ = local_step(
+        compressors.TopK(density=0.3), x, (), _key()
+    )
+    assert sorted(payloads[0].indices.numpy()) == [1, 3, 6]
+    np.testing.assert_array_equal(
+        total.numpy(), [0, -5, 0, 4, 0, 0, 3, 0, 0, 0]
+    )
+
+
+def test_randomk_indices_shared_distinct_and_fresh_each_step():
+    c = compressors.RandomK(density=0.1)
+    a = c.indices(1000, _key(3)).numpy()
+    assert len(a) == 100 and len(set(a)) == 100
+    assert a.min() >= 0 and a.max() < 1000
+    np.testing.assert_array_equal(a, c.indices(1000, _key(3)).numpy())
+    assert not np.array_equal(a, c.indices(1000, _key(4)).numpy())
+
+
+def test_sign_is_scaled_sign_and_packs_32_per_word():
+    x = tf.constant([1.0, -2.0, 0.0, -4.0] * 10)
+    total, _, payloads, _ = local_step(compressors.SignSGD(), x, (), _key())
+    np.testing.assert_allclose(
+        total.numpy(), 1.75 * np.array([1, -1, 1, -1] * 10), rtol=1e-6
+    )
+    assert payloads[0].bits.shape == (2,)
+    assert payloads[0].bits.dtype == tf.int32
+
+
+def test_sign_sums_workers_with_their_own_scales():
+    c = compressors.SignSGD()
+    xs = [tf.constant([1.0, -1.0, 3.0]), tf.constant([-2.0, -2.0, 2.0])]
+    sent = [c.compress(x, (), _key()) for x in xs]
+    stacked = tf.nest.map_structure(
+        lambda *t: tf.stack(t), *[p for p, _ in sent]
+    )
+    total, _ = c.decompress(stacked, sent[0][1])
+    expected = (5 / 3) * np.array([1, -1, 1]) + 2 * np.array([-1, -1, 1])
+    np.testing.assert_allclose(total.numpy(), expected, rtol=1e-6)
+
+
+def test_powersgd_full_rank_is_exact_and_low_rank_is_close():
+    m = _random((12, 5), tf.float32)
+    exact = compressors.PowerSGD(rank=5)
+    assert not exact.should_compress((12, 5))  # factors not smaller
+    state = exact.init_state((12, 5), tf.float32, _key(-1))
+    total, _, _, _ = local_step(exact, m, state, _key())
+    np.testing.assert_allclose(total.numpy(), m.numpy(), atol=1e-4)
+
+    u, v = _random((40, 2), tf.float32), _random((30, 2), tf.float32, 1)
+    low_rank = tf.matmul(u, v, transpose_b=True)
+    c = compressors.PowerSGD(rank=2)
+    state = c.init_state((40, 30), tf.float32, _key(-1))
+    total, _, _, _ = local_step(c, low_rank, state, _key())
+    np.testing.assert_allclose(total.numpy(), low_rank.numpy(), atol=1e-3)
+
+
+def test_powersgd_initial_factors_depend_only_on_key():
+    c = compressors.PowerSGD(rank=3)
+    a = c.init_state((20, 10), tf.float32, _key(-1)).q
+    b = c.init_state((20, 10), tf.float32, _key(-1)).q
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert a.shape == (10, 3)
+
+
+def test_powersgd_sends_vectors_dense():
+    assert not compressors.PowerSGD(rank=1).should_compress((1000,))
+
+
+@pytest.mark.parametrize("density", [0, -0.1, 1.5, float("nan"), "a", None])
+@pytest.mark.parametrize("cls", [compressors.TopK, compressors.RandomK])
+def test_bad_density_names_argument_and_value(cls, density):
+    with pytest.raises(ValueError, match=r"`density` must be .* Received"):
+        cls(density=density)
+
+
+@pytest.mark.parametrize("rank", [0, -1, 1.5, True])
+def test_bad_rank(rank):
+    with pytest.raises(ValueError, match="`rank`"):
+        compressors.PowerSGD(rank=rank)
+
+
+def test_get_by_name_and_unknown_name():
+    assert isinstance(compressors.get("TopK", density=0.5), compressors.TopK)
+    assert compressors.get("top_k", density=0.5).density == 0.5
+    with pytest.raises(ValueError, match=r"Unknown compressor 'dgc'.*topk"):
+        compressors.get("dgc")
+    with pytest.raises(ValueError, match="Keyword arguments"):
+        compressors.get(compressors.TopK(), density=0.1)
+
+
+def test_error_feedback_cannot_be_nested():
+    with pytest.raises(ValueError, match="already has error feedback"):
+        compressors.ErrorFeedback(compressors.ErrorFeedback(compressors.TopK()))

@@ -1,0 +1,356 @@
+"""Tests for tfgc.launch: the local multi-worker launcher."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tfgc import launch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _py(code: str) -> list[str]:
+    """Returns a worker command running ``code`` with this interpreter."""
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def _run(code: str, num_workers: int, **kwargs) -> tuple[int, str]:
+    out = io.StringIO()
+    kwargs.setdefault("grace", 2.0)
+    code = launch.run(_py(code), num_workers, output=out, **kwargs)
+    return code, out.getvalue()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie (Linux /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    # The state letter follows the parenthesised command name.
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _worker_lines(text: str, index: int) -> list[str]:
+    prefix = f"[worker {index}] "
+    return [
+        line[len(prefix) :]
+        for line in text.splitlines()
+        if line.startswith(prefix)
+    ]
+
+
+def test_tf_config_per_worker_and_distinct_ports():
+    code, text = _run(
+        """
+        import json, os
+        print(json.dumps({
+            "tf_config": json.loads(os.environ["TF_CONFIG"]),
+            "index": os.environ["TFGC_WORKER_INDEX"],
+            "num": os.environ["TFGC_NUM_WORKERS"],
+            "unbuffered": os.environ.get("PYTHONUNBUFFERED"),
+        }))
+        """,
+        3,
+        timeout=60,
+    )
+    assert code == 0, text
+    clusters = []
+    for index in range(3):
+        (line,) = _worker_lines(text, index)
+        seen = json.loads(line)
+        assert seen["tf_config"]["task"] == {"type": "worker", "index": index}
+        assert seen["index"] == str(index)
+        assert seen["num"] == "3"
+        assert seen["unbuffered"] == "1"
+        clusters.append(seen["tf_config"]["cluster"])
+    assert clusters[0] == clusters[1] == clusters[2]
+    workers = clusters[0]["worker"]
+    assert len(workers) == 3
+    assert all(w.startswith("localhost:") for w in workers)
+    assert len({w.split(":")[1] for w in workers}) == 3
+
+
+def test_helpers():
+    spec = json.loads(launch.tf_config(2, [1234, 5678], 1))
+    assert spec == {
+        "cluster": {"worker": ["localhost:1234", "localhost:5678"]},
+        "task": {"type": "worker", "index": 1},
+    }
+    ports = launch.free_ports(4)
+    assert len(set(ports)) == 4
+    with pytest.raises(ValueError, match="one port per worker"):
+        launch.cluster_spec(3, [1, 2])
+    with pytest.raises(ValueError, match="index=2"):
+        launch.tf_config(2, [1, 2], 2)
+
+
+def test_output_is_prefixed_per_worker_including_stderr():
+    code, text = _run(
+        """
+        import os, sys
+        i = os.environ["TFGC_WORKER_INDEX"]
+        print(f"hello from {i}")
+        print(f"oops from {i}", file=sys.stderr)
+        """,
+        2,
+        timeout=60,
+    )
+    assert code == 0, text
+    for index in range(2):
+        lines = _worker_lines(text, index)
+        assert f"hello from {index}" in lines
+        assert f"oops from {index}" in lines
+    assert "all 2 worker(s) exited 0" in text
+
+
+def test_env_and_cwd_are_passed(tmp_path):
+    code, text = _run(
+        "import os; print(os.environ['EXTRA'], os.getcwd())",
+        1,
+        env={"EXTRA": "yes"},
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert code == 0, text
+    assert _worker_lines(text, 0) == [f"yes {tmp_path}"]
+
+
+def test_failing_worker_stops_others_and_returns_its_code():
+    start = time.monotonic()
+    code, text = _run(
+        """
+        import os, subprocess, sys, time
+        if os.environ["TFGC_WORKER_INDEX"] == "1":
+            time.sleep(0.5)
+            sys.exit(3)
+        # A grandchild must die with its worker's process group.
+        child = subprocess.Popen([sys.executable, "-c",
+                                  "import time; time.sleep(60)"])
+        print("grandchild", child.pid, flush=True)
+        time.sleep(60)
+        """,
+        2,
+        timeout=60,
+    )
+    elapsed = time.monotonic() - start
+    assert code == 3, text
+    assert elapsed < 15, text
+    assert "worker 1 failed with exit code 3" in text
+    (line,) = [x for x in _worker_lines(text, 0) if x.startswith("grandchild")]
+    grandchild = int(line.split()[1])
+    deadline = time.monotonic() + 5
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
+
+
+def test_worker_ignoring_sigterm_is_killed_after_grace():
+    code, text = _run(
+        """
+        import os, signal, sys, time
+        if os.environ["TFGC_WORKER_INDEX"] == "1":
+            time.sleep(0.5)
+            sys.exit(5)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(60)
+        """,
+        2,
+        timeout=60,
+        grace=0.5,
+    )
+    assert code == 5, text
+
+
+def test_worker_killed_by_signal_reports_128_plus_n():
+    code, text = _run("import os; os.kill(os.getpid(), 9)", 1, timeout=60)
+    assert code == 128 + 9
+    assert "worker 0 was killed by SIGKILL" in text
+
+
+def test_timeout_returns_124():
+    start = time.monotonic()
+    code, text = _run("import time; time.sleep(60)", 2, timeout=1.0)
+    assert code == launch.EXIT_TIMEOUT == 124
+    assert time.monotonic() - start < 10
+    assert "timeout of 1 s expired" in text
+
+
+def test_missing_program_returns_127():
+    out = io.StringIO()
+    code = launch.run(["/nonexistent/program"], 2, output=out)
+    assert code == 127
+    assert "cannot start worker 0" in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"command": [], "num_workers": 1}, "command is empty"),
+        ({"command": "python x.py", "num_workers": 1}, "shlex.split"),
+        ({"command": ["x"], "num_workers": 0}, "num_workers must be >= 1"),
+        ({"command": ["x"], "num_workers": 1, "timeout": 0}, "timeout"),
+    ],
+)
+def test_run_rejects_bad_arguments(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        launch.run(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["-n", "0", "--", "true"], "-n/--num-workers: must be >= 1, got 0"),
+        (["-n", "two", "--", "true"], "-n/--num-workers: expected an int"),
+        (["-n", "2"], "missing worker command: put it after '--'"),
+        (["-n", "2", "--"], "missing worker command"),
+        (["-n", "2", "--timeout", "0", "--", "true"], "--timeout: must be > 0"),
+        (["-n", "2", "--timeout", "-3", "--", "true"], "got -3"),
+        (["-n", "2", "--port-base", "65535", "--", "true"], "--port-base"),
+        (["--", "true"], "-n/--num-workers"),
+    ],
+)
+def test_cli_rejects_bad_arguments(argv, match, capsys):
+    with pytest.raises(SystemExit) as exc:
+        launch.main(argv)
+    assert exc.value.code == 2
+    assert match in capsys.readouterr().err
+
+
+def _cli(*args: str, module: bool = False) -> list[str]:
+    """Returns a launcher command line.
+
+    ``python -m tfgc.launch`` imports the ``tfgc`` package and so
+    TensorFlow (seconds); running the file as a script skips that, which
+    works because launch.py imports nothing from tfgc.
+    """
+    if module:
+        return [sys.executable, "-m", "tfgc.launch", *args]
+    return [sys.executable, str(REPO / "tfgc" / "launch.py"), *args]
+
+
+def _cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), env.get("PYTHONPATH")) if p
+    )
+    return env
+
+
+def test_cli_end_to_end_passes_worker_options_through():
+    result = subprocess.run(
+        _cli(
+            "-n",
+            "2",
+            "--timeout",
+            "60",
+            "--",
+            *_py("import sys; print('args', sys.argv[1:]); sys.exit(0)"),
+            "-n",
+            "7",
+            module=True,
+        ),
+        env=_cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for index in range(2):
+        assert f"[worker {index}] args ['-n', '7']" in result.stdout
+
+
+def test_cli_exits_with_failing_worker_code():
+    result = subprocess.run(
+        _cli("-n", "2", "--", *_py("import sys; sys.exit(7)")),
+        env=_cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 7, result.stdout + result.stderr
+
+
+def test_cli_sigterm_stops_workers_and_exits_143():
+    proc = subprocess.Popen(
+        _cli(
+            "-n",
+            "2",
+            "--grace",
+            "2",
+            "--",
+            *_py(
+                "import os, time; print('pid', os.getpid(), flush=True); "
+                "time.sleep(60)"
+            ),
+        ),
+        env=_cli_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pids = []
+        while len(pids) < 2:
+            line = proc.stdout.readline()
+            assert line, "launcher exited before both workers started"
+            if "] pid " in line:
+                pids.append(int(line.split()[-1]))
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143
+    assert "got SIGTERM" in rest
+    assert not any(_alive(pid) for pid in pids)
+
+
+_ALL_REDUCE_WORKER = """
+import os
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+@tf.function
+def step():
+    def replica_fn():
+        ctx = tf.distribute.get_replica_context()
+        return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.constant(1.0))
+    return strategy.run(replica_fn)
+
+result = strategy.experimental_local_results(step())[0]
+print("allreduce_sum", float(result.numpy()), flush=True)
+"""
+
+
+@pytest.mark.multiworker
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorflow") is None,
+    reason="needs TensorFlow",
+)
+def test_two_real_workers_all_reduce():
+    out = io.StringIO()
+    code = launch.run(
+        [sys.executable, "-c", _ALL_REDUCE_WORKER],
+        2,
+        timeout=180,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+        output=out,
+    )
+    text = out.getvalue()
+    assert code == 0, text
+    for index in range(2):
+        assert "allreduce_sum 2.0" in _worker_lines(text, index), text

@@ -1,0 +1,175 @@
+"""Every use of Keras private API in tfgc, fenced and version-checked.
+
+Two things need it:
+1. `CompressedOptimizer` communicates gradients itself, so the inner
+   optimizer must not all-reduce them again. Keras 3 sums inside
+   `TFOptimizer._all_reduce_sum_gradients` and has no public switch
+   (keras-team/keras#19308).
+2. `model.fit` under `MultiWorkerMirroredStrategy` is broken upstream
+   (keras-team/keras#20585): `TensorFlowTrainer._maybe_symbolic_build`
+   reduces the first distributed batch with `strategy.reduce`, and
+   `reduce_per_replica` reduces scalar metrics with `axis=0`. The fix below
+   replaces both, in multi-worker mode only.
+
+Outside the tested Keras versions this module refuses to run unless
+`TFGC_ALLOW_UNTESTED_KERAS=1` is set, because the hooks may have moved.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import keras
+import tensorflow as tf
+from keras.src.utils import tracking
+
+# Keeps Keras from wrapping build-time Python lists (per-variable plans) in
+# tracked containers, as Keras's own optimizers do in `build`.
+no_automatic_dependency_tracking = tracking.no_automatic_dependency_tracking
+
+# Keras minor versions whose private hooks were read and tested.
+TESTED_KERAS = ((3, 15),)
+TESTED_TENSORFLOW = ((2, 21),)
+_ALLOW_UNTESTED = "TFGC_ALLOW_UNTESTED_KERAS"
+_NO_FIT_PATCH = "TFGC_NO_KERAS_FIT_PATCH"
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def check_versions() -> None:
+    """Raises if Keras or TensorFlow is outside the tested range."""
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError(
+            "tfgc needs the Keras 'tensorflow' backend. Received: "
+            f"backend={keras.backend.backend()!r}. "
+            "Set KERAS_BACKEND=tensorflow."
+        )
+    problems = []
+    if _minor(keras.version()) not in TESTED_KERAS:
+        problems.append(f"keras {keras.version()} (tested: 3.15.x)")
+    if _minor(tf.__version__) not in TESTED_TENSORFLOW:
+        problems.append(f"tensorflow {tf.__version__} (tested: 2.21.x)")
+    if not problems:
+        return
+    message = (
+        "tfgc relies on Keras internals that were tested only with "
+        "keras 3.15.x on tensorflow 2.21.x. Found: "
+        + "; ".join(problems)
+        + ". Install the tested versions (pip install 'tfgc[cpu]'), or set "
+        f"{_ALLOW_UNTESTED}=1 to try anyway."
+    )
+    if os.environ.get(_ALLOW_UNTESTED) == "1":
+        warnings.warn(message, stacklevel=2)
+        return
+    raise RuntimeError(message)
+
+
+# --- 1. keep the inner optimizer from summing a second time ---------------
+
+
+def _already_summed(grads_and_vars):
+    return list(grads_and_vars)
+
+
+def disable_gradient_sum(optimizer: keras.optimizers.Optimizer) -> None:
+    """Makes `optimizer.apply` take gradients that are already summed.
+
+    Permanent for this instance: the wrapper that owns it communicates.
+    (A temporary patch would race: MirroredStrategy runs replicas in
+    threads.)
+    """
+    if not callable(getattr(optimizer, "_all_reduce_sum_gradients", None)):
+        raise RuntimeError(
+            f"{type(optimizer).__name__} has no `_all_reduce_sum_gradients`; "
+            f"keras {keras.version()} is not supported by tfgc."
+        )
+    optimizer._all_reduce_sum_gradients = _already_summed
+
+
+# --- 2. model.fit under MultiWorkerMirroredStrategy -----------------------
+
+_trainer = None  # keras.src.backend.tensorflow.trainer, once patched
+
+
+def _is_multi_worker(strategy) -> bool:
+    return _trainer._collective_all_reduce_multi_worker(strategy)
+
+
+def _local_value(value):
+    if isinstance(value, tf.distribute.DistributedValues):
+        return value.values[0]
+    return value
+
+
+def _symbolic_build_from_local_batch(original):
+    @functools.wraps(original)
+    def maybe_symbolic_build(self, iterator=None, data_batch=None):
+        strategy = self._distribute_strategy
+        if (
+            strategy is None
+            or iterator is None
+            or not _is_multi_worker(strategy)
+        ):
+            return original(self, iterator=iterator, data_batch=data_batch)
+        # The build needs only shapes and dtypes, which this worker's own
+        # share of the batch has; reducing it across workers is what fails.
+        for _, _, it in iterator:
+            batch = tf.nest.map_structure(_local_value, next(it))
+            break
+        with strategy.scope():
+            self._symbolic_build(data_batch=batch)
+
+    return maybe_symbolic_build
+
+
+def _reduce_scalars_without_axis(original):
+    @functools.wraps(original)
+    def reduce_per_replica(values, strategy, reduction):
+        if reduction == "auto" and not isinstance(
+            strategy, tf.distribute.TPUStrategy
+        ):
+            reduction = "mean"
+        if reduction != "mean" or not _is_multi_worker(strategy):
+            return original(values, strategy, reduction)
+        # Metrics are scalars; `axis=0` fails on them. A mean over replicas
+        # is what "mean" means here.
+        return tf.nest.map_structure(
+            lambda v: strategy.reduce("MEAN", v, axis=None), values
+        )
+
+    return reduce_per_replica
+
+
+def patch_multi_worker_fit() -> bool:
+    """Makes Keras 3 `model.fit` work under MultiWorkerMirroredStrategy.
+
+    Called by `import tfgc`; idempotent. Set `TFGC_NO_KERAS_FIT_PATCH=1`
+    to leave Keras untouched. Single-worker strategies keep the original
+    code paths.
+
+    Returns:
+        True if the fix is in place.
+    """
+    global _trainer
+    if os.environ.get(_NO_FIT_PATCH) == "1":
+        return False
+    if _trainer is not None:
+        return True
+    check_versions()
+    from keras.src.backend.tensorflow import trainer
+
+    trainer.TensorFlowTrainer._maybe_symbolic_build = (
+        _symbolic_build_from_local_batch(
+            trainer.TensorFlowTrainer._maybe_symbolic_build
+        )
+    )
+    trainer.reduce_per_replica = _reduce_scalars_without_axis(
+        trainer.reduce_per_replica
+    )
+    _trainer = trainer
+    return True

@@ -1,0 +1,52 @@
+"""Communicators: the only code that calls the replica context."""
+
+from __future__ import annotations
+
+from tfgc.communicators.communicator import (
+    AllGather,
+    AllReduce,
+    Auto,
+    Communicator,
+)
+from tfgc.communicators.exchange import exchange
+
+_BY_NAME = {c.name: c for c in (Auto, AllReduce, AllGather)}
+
+
+def names() -> list[str]:
+    return sorted(_BY_NAME)
+
+
+def get(identifier, options=None) -> Communicator:
+    """Returns a communicator from a name ("auto", "allreduce",
+    "allgather"), a `{"name": ..., "config": ...}` dict, or an instance."""
+    if isinstance(identifier, Communicator):
+        return identifier
+    if isinstance(identifier, dict):
+        cls = _BY_NAME.get(identifier.get("name"))
+        if cls is not None:
+            return cls.from_config(identifier.get("config", {}))
+    if isinstance(identifier, str):
+        key = identifier.lower().replace("-", "").replace("_", "")
+        if key in _BY_NAME:
+            return _BY_NAME[key](options=options)
+    raise ValueError(
+        f"Unknown communicator {identifier!r}. Use one of {names()} or a "
+        "tfgc.communicators.Communicator instance."
+    )
+
+
+def serialize(communicator: Communicator) -> dict:
+    return {"name": communicator.name, "config": communicator.get_config()}
+
+
+__all__ = [
+    "AllGather",
+    "AllReduce",
+    "Auto",
+    "Communicator",
+    "exchange",
+    "get",
+    "names",
+    "serialize",
+]

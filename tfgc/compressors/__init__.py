@@ -1,0 +1,84 @@
+"""Gradient compressors: pure tensor math, no variables, no collectives.
+
+Use a class directly (`TopK(density=0.01)`) or by name
+(`get("topk", density=0.01)`).
+"""
+
+from __future__ import annotations
+
+import keras
+
+from tfgc.compressors.base import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    Compressor,
+    check_density,
+)
+from tfgc.compressors.error_feedback import ErrorFeedback
+from tfgc.compressors.identity import BF16, FP16, Identity
+from tfgc.compressors.powersgd import PowerSGD
+from tfgc.compressors.randomk import RandomK
+from tfgc.compressors.sign import SignSGD
+from tfgc.compressors.topk import TopK
+
+_BY_NAME = {
+    "identity": Identity,
+    "none": Identity,
+    "fp16": FP16,
+    "bf16": BF16,
+    "topk": TopK,
+    "randomk": RandomK,
+    "signsgd": SignSGD,
+    "sign": SignSGD,
+    "powersgd": PowerSGD,
+}
+
+
+def names() -> list[str]:
+    """The names `get` accepts."""
+    return sorted(_BY_NAME)
+
+
+def get(identifier, **kwargs) -> Compressor:
+    """Returns a compressor from a name, a Keras config dict or an instance.
+
+    Args:
+        identifier: a name such as "topk" (case and "-"/"_" ignored), a dict
+            from `keras.saving.serialize_keras_object`, or a `Compressor`.
+        **kwargs: constructor arguments, with a name only.
+    """
+    if isinstance(identifier, Compressor):
+        if kwargs:
+            raise ValueError(
+                "Keyword arguments go with a compressor name, not an "
+                f"instance. Received: {identifier!r} and {kwargs}"
+            )
+        return identifier
+    if isinstance(identifier, dict):
+        return keras.saving.deserialize_keras_object(identifier)
+    if isinstance(identifier, str):
+        key = identifier.lower().replace("-", "").replace("_", "")
+        if key in _BY_NAME:
+            return _BY_NAME[key](**kwargs)
+    raise ValueError(
+        f"Unknown compressor {identifier!r}. Use one of {names()}, a "
+        "tfgc.compressors.Compressor instance, or a Keras config dict."
+    )
+
+
+__all__ = [
+    "ALL_GATHER",
+    "ALL_REDUCE",
+    "BF16",
+    "Compressor",
+    "ErrorFeedback",
+    "FP16",
+    "Identity",
+    "PowerSGD",
+    "RandomK",
+    "SignSGD",
+    "TopK",
+    "check_density",
+    "get",
+    "names",
+]

@@ -1,0 +1,139 @@
+"""The compressor contract.
+
+A compressor is pure tensor math: it holds no variables and calls no
+collective. For one tensor per step the optimizer drives it through
+
+    payload, ctx = compress(x, state, key)          # round 0
+    reduced = <collective>(payload)                 # by a communicator
+    payload, ctx = next_round(reduced, ctx)         # rounds 1 .. rounds-1
+    reduced = <collective>(payload)
+    total, new_state = decompress(reduced, ctx)     # sum over all workers
+
+* `payload` is a NamedTuple of tensors: the only thing that goes on the wire.
+* `ctx` is local context (anything); it is never sent.
+* `state` is a NamedTuple of tensors that persists between steps. The
+  optimizer keeps it in variables created from `init_state`, one set per
+  worker (never averaged behind the compressor's back).
+* `key` is a stateless-RNG seed of shape (2,), identical on every worker for
+  the same tensor and step, so random choices agree without a message.
+* `collective` says what `reduced` is: for `ALL_REDUCE` the element-wise sum
+  of every worker's payload (the payload must be linear); for `ALL_GATHER`
+  every field stacked along a new leading axis of size `num_workers`.
+* `decompress` returns the *sum* over workers of what they sent, in the
+  original shape and dtype. (Keras divides the loss by the number of
+  replicas, so the sum of gradients is their mean.)
+* `local_estimate(payload, ctx)` is the dense tensor that this worker's own
+  final-round payload stands for; error feedback subtracts it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+ALL_REDUCE = "all_reduce"
+ALL_GATHER = "all_gather"
+COLLECTIVES = (ALL_REDUCE, ALL_GATHER)
+
+
+class NoState(NamedTuple):
+    """State of a compressor that keeps none."""
+
+
+def num_elements(shape) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+
+
+def payload_nbytes(payload) -> tf.Tensor:
+    """Bytes of a payload as it goes on the wire (int64 scalar tensor)."""
+    total = tf.constant(0, tf.int64)
+    for field in payload:
+        total += tf.size(field, out_type=tf.int64) * field.dtype.size
+    return total
+
+
+def check_density(density) -> float:
+    """Validates a `density` argument and returns it as a float."""
+    try:
+        value = float(density)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not (0.0 < value <= 1.0) or math.isnan(value):
+        raise ValueError(
+            "`density` must be a number in (0, 1], the fraction of elements "
+            f"to send (0.01 sends 1 %). Received: density={density!r}"
+        )
+    return value
+
+
+def num_selected(n: int, density: float) -> int:
+    """k = ceil(density * n), at least 1 for a non-empty tensor."""
+    if n == 0:
+        return 0
+    return max(1, min(n, math.ceil(density * n)))
+
+
+class Compressor:
+    """Base class; subclasses implement the methods documented above."""
+
+    #: What the payload needs: `ALL_REDUCE` (linear) or `ALL_GATHER`.
+    collective: str = ALL_GATHER
+    #: Number of dependent communication rounds per step.
+    rounds: int = 1
+
+    def should_compress(self, shape: tuple[int, ...]) -> bool:
+        """False where the compressor would rather send this tensor dense."""
+        del shape
+        return True
+
+    def init_state(self, shape, dtype, key) -> NamedTuple:
+        """Initial state for a tensor; must be identical on every worker."""
+        del shape, dtype, key
+        return NoState()
+
+    def compress(self, x: tf.Tensor, state, key) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    def next_round(self, reduced, ctx) -> tuple[Any, Any]:
+        raise NotImplementedError(
+            f"{type(self).__name__} communicates in one round only."
+        )
+
+    def decompress(self, reduced, ctx) -> tuple[tf.Tensor, Any]:
+        raise NotImplementedError
+
+    def local_estimate(self, payload, ctx) -> tf.Tensor:
+        raise NotImplementedError
+
+    def payload_bytes(self, shape, dtype) -> int:
+        """Bytes this worker puts on the wire per step, over all rounds."""
+        raise NotImplementedError
+
+    def get_config(self) -> dict:
+        return {}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
+
+    def __eq__(self, other):
+        return type(self) is type(other) and (
+            self.get_config() == other.get_config()
+        )
+
+    def __hash__(self):
+        return hash((type(self), repr(self)))
+
+
+def register(cls):
+    """Registers a compressor for Keras serialization under `tfgc>`."""
+    return keras.saving.register_keras_serializable(package="tfgc")(cls)
+

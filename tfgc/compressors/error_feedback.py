@@ -1,0 +1,88 @@
+"""Error feedback as a wrapper around any compressor."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import keras
+import tensorflow as tf
+
+from tfgc.compressors import base
+
+
+class ErrorFeedbackState(NamedTuple):
+    residual: tf.Tensor  # what this worker has not sent yet
+    inner: Any  # the wrapped compressor's state
+
+
+class _Context(NamedTuple):
+    corrected: tf.Tensor  # x + residual, what was handed to the compressor
+    payload: Any  # this worker's latest payload
+    inner: Any
+
+
+@base.register
+class ErrorFeedback(base.Compressor):
+    """Adds the residual before compressing and keeps what was not sent.
+
+    Seide et al. (Interspeech 2014), Stich et al. (NeurIPS 2018),
+    Karimireddy et al. (ICML 2019). With c = x + residual, the new residual
+    is c - local_estimate(payload): the sum of everything sent plus the
+    residual always equals the sum of all inputs (mass is conserved).
+    The residual is local to each worker and never communicated.
+    """
+
+    def __init__(self, compressor: base.Compressor):
+        if isinstance(compressor, ErrorFeedback):
+            raise ValueError(
+                "`compressor` already has error feedback; wrap it once. "
+                f"Received: compressor={compressor!r}"
+            )
+        self.compressor = compressor
+
+    @property
+    def collective(self):
+        return self.compressor.collective
+
+    @property
+    def rounds(self):
+        return self.compressor.rounds
+
+    def should_compress(self, shape):
+        return self.compressor.should_compress(shape)
+
+    def init_state(self, shape, dtype, key):
+        return ErrorFeedbackState(
+            residual=tf.zeros(shape, dtype),
+            inner=self.compressor.init_state(shape, dtype, key),
+        )
+
+    def compress(self, x, state, key):
+        corrected = x + tf.cast(state.residual, x.dtype)
+        payload, ctx = self.compressor.compress(corrected, state.inner, key)
+        return payload, _Context(corrected, payload, ctx)
+
+    def next_round(self, reduced, ctx):
+        payload, inner_ctx = self.compressor.next_round(reduced, ctx.inner)
+        return payload, _Context(ctx.corrected, payload, inner_ctx)
+
+    def decompress(self, reduced, ctx):
+        total, inner_state = self.compressor.decompress(reduced, ctx.inner)
+        sent = self.compressor.local_estimate(ctx.payload, ctx.inner)
+        return total, ErrorFeedbackState(ctx.corrected - sent, inner_state)
+
+    def local_estimate(self, payload, ctx):
+        return self.compressor.local_estimate(payload, ctx.inner)
+
+    def payload_bytes(self, shape, dtype):
+        return self.compressor.payload_bytes(shape, dtype)
+
+    def get_config(self):
+        return {
+            "compressor": keras.saving.serialize_keras_object(self.compressor)
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        inner = keras.saving.deserialize_keras_object(config["compressor"])
+        return cls(inner)

@@ -1,0 +1,69 @@
+"""Random-k sparsification with indices shared by all workers."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from tfgc.compressors import _sparse, base
+
+
+class RandomKPayload(NamedTuple):
+    values: tf.Tensor  # [k], the gradient's dtype
+
+
+@base.register
+class RandomK(base.Compressor):
+    """Sends k = ceil(density * n) entries at positions drawn at random.
+
+    Stich, Cordonnier and Jaggi, "Sparsified SGD with Memory" (NeurIPS 2018).
+    Every worker draws the same k distinct positions from the shared
+    per-step key (a stateless index shuffle), so only values travel and
+    they are all-reduced. Values are not rescaled by n/k: with error
+    feedback the unsent part stays in the residual instead.
+
+    Bytes on the wire per worker: k * itemsize.
+
+    Args:
+        density: fraction of entries to send, in (0, 1].
+    """
+
+    collective = base.ALL_REDUCE
+
+    def __init__(self, density: float = 0.01):
+        self.density = base.check_density(density)
+
+    def _k(self, n):
+        return base.num_selected(n, self.density)
+
+    def indices(self, n, key):
+        """The k positions all workers use for this tensor and step."""
+        k = self._k(n)
+        positions = tf.random.experimental.index_shuffle(
+            tf.range(k, dtype=tf.int64),
+            seed=tf.cast(key, tf.int64),
+            max_index=n - 1,
+        )
+        return tf.cast(positions, tf.int32)
+
+    def compress(self, x, state, key):
+        flat = tf.reshape(x, [-1])
+        indices = self.indices(flat.shape[0], key)
+        payload = RandomKPayload(tf.gather(flat, indices))
+        return payload, (x.shape, x.dtype, indices, state)
+
+    def decompress(self, reduced, ctx):
+        shape, dtype, indices, state = ctx
+        n = base.num_elements(shape)
+        dense = _sparse.scatter_sum(reduced.values, indices, n, dtype)
+        return tf.reshape(dense, shape), state
+
+    def local_estimate(self, payload, ctx):
+        return self.decompress(payload, ctx)[0]
+
+    def payload_bytes(self, shape, dtype):
+        return self._k(base.num_elements(shape)) * tf.as_dtype(dtype).size
+
+    def get_config(self):
+        return {"density": self.density}

@@ -1,0 +1,498 @@
+"""Start N local workers for tf.distribute.MultiWorkerMirroredStrategy.
+
+Each worker runs the same command with its own ``TF_CONFIG`` describing a
+cluster of ``localhost`` ports, so a multi-worker training script can be
+tried on one machine::
+
+    python -m tfgc.launch -n 2 -- python examples/train.py --epochs 1
+
+Every line a worker prints is echoed with a ``[worker i] `` prefix. If a
+worker fails, the others are stopped and the launcher exits with the
+failing worker's exit code; on ``--timeout`` it exits with 124.
+
+This module deliberately does not import TensorFlow so that it starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+__all__ = [
+    "EXIT_TIMEOUT",
+    "cluster_spec",
+    "free_ports",
+    "main",
+    "run",
+    "tf_config",
+]
+
+#: Exit code used when ``timeout`` expires (same as coreutils ``timeout``).
+EXIT_TIMEOUT = 124
+#: Exit code used when the launcher is interrupted with Ctrl-C (SIGINT).
+EXIT_SIGINT = 128 + signal.SIGINT
+#: Exit code used when the launcher receives SIGTERM.
+EXIT_SIGTERM = 128 + signal.SIGTERM
+#: Exit code used when a worker command cannot be started at all.
+EXIT_CANNOT_START = 127
+
+_POLL_S = 0.05
+_LAUNCH_PREFIX = "[launch] "
+
+
+class _Terminated(BaseException):
+    """Raised in the main thread when the launcher itself gets SIGTERM."""
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Returns ``count`` distinct TCP ports that are currently free.
+
+    Every socket stays bound until all ports are chosen, so the kernel
+    cannot hand out the same port twice. The ports are released before
+    returning; a different process could grab one in between, which is an
+    accepted (and rare) race.
+
+    Args:
+        count: Number of ports wanted.
+        host: Address to bind to.
+
+    Returns:
+        A list of ``count`` distinct port numbers.
+    """
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def cluster_spec(
+    num_workers: int, ports: Sequence[int], host: str = "localhost"
+) -> dict[str, list[str]]:
+    """Builds the ``cluster`` part of ``TF_CONFIG``.
+
+    Args:
+        num_workers: Number of workers; must equal ``len(ports)``.
+        ports: One port per worker, in worker-index order.
+        host: Host name each worker address uses.
+
+    Returns:
+        ``{"worker": ["host:port", ...]}``.
+
+    Raises:
+        ValueError: If ``num_workers`` does not match the number of ports.
+    """
+    if len(ports) != num_workers:
+        raise ValueError(
+            f"cluster_spec: got {len(ports)} ports for num_workers="
+            f"{num_workers}; pass exactly one port per worker"
+        )
+    return {"worker": [f"{host}:{port}" for port in ports]}
+
+
+def tf_config(num_workers: int, ports: Sequence[int], index: int) -> str:
+    """Returns the ``TF_CONFIG`` JSON string for one worker.
+
+    Args:
+        num_workers: Number of workers in the cluster.
+        ports: One port per worker, in worker-index order.
+        index: This worker's index, ``0 <= index < num_workers``.
+
+    Returns:
+        JSON text as ``MultiWorkerMirroredStrategy`` expects it.
+
+    Raises:
+        ValueError: If ``index`` is out of range.
+    """
+    if not 0 <= index < num_workers:
+        raise ValueError(
+            f"tf_config: index={index} is out of range for num_workers="
+            f"{num_workers}; use 0 <= index < num_workers"
+        )
+    return json.dumps(
+        {
+            "cluster": cluster_spec(num_workers, ports),
+            "task": {"type": "worker", "index": index},
+        }
+    )
+
+
+def _exit_code(returncode: int) -> int:
+    # Popen reports death by signal N as -N; shells report it as 128 + N.
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _describe(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name} (exit code {_exit_code(returncode)})"
+    return f"failed with exit code {returncode}"
+
+
+class _Output:
+    """Serialises whole lines from several threads onto one text stream."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def line(self, text: str) -> None:
+        if not text.endswith("\n"):
+            text += "\n"
+        with self._lock:
+            try:
+                self._stream.write(text)
+                self._stream.flush()
+            except (OSError, ValueError):
+                # A closed or broken stream must not kill the launcher.
+                pass
+
+
+def _pump(pipe, prefix: str, out: _Output) -> None:
+    """Copies ``pipe`` to ``out`` line by line, prefixing each line."""
+    with pipe:
+        for raw in iter(pipe.readline, b""):
+            out.line(prefix + raw.decode("utf-8", errors="replace"))
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace: float) -> None:
+    """Stops every worker's process group: SIGTERM, then SIGKILL."""
+    # Signal groups even of exited workers: their children may live on.
+    for proc in procs:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        _signal_group(proc, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
+def _check_args(
+    command: Sequence[str], num_workers: int, timeout: float | None
+) -> None:
+    if isinstance(command, str):
+        raise TypeError(
+            f"run: command must be a list of strings, got the string "
+            f"{command!r}; split it, e.g. shlex.split(command)"
+        )
+    if not command:
+        raise ValueError(
+            "run: command is empty; pass the worker command as a list, "
+            "e.g. [sys.executable, 'train.py']"
+        )
+    if num_workers < 1:
+        raise ValueError(
+            f"run: num_workers must be >= 1, got {num_workers}; "
+            "pass the number of worker processes to start"
+        )
+    if timeout is not None and timeout <= 0:
+        raise ValueError(
+            f"run: timeout must be > 0 seconds, got {timeout}; "
+            "pass a positive number or None for no limit"
+        )
+
+
+def run(
+    command: Sequence[str],
+    num_workers: int,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    output: TextIO | None = None,
+    ports: Sequence[int] | None = None,
+    grace: float = 5.0,
+) -> int:
+    """Runs ``command`` as ``num_workers`` local workers and waits for them.
+
+    Each worker gets ``TF_CONFIG``, ``TFGC_WORKER_INDEX``,
+    ``TFGC_NUM_WORKERS`` and ``PYTHONUNBUFFERED=1`` and runs in its own
+    session, so stopping it also stops anything it started. As soon as one
+    worker exits non-zero the others are stopped.
+
+    Args:
+        command: Program and arguments, the same for every worker.
+        num_workers: Number of workers to start, at least 1.
+        timeout: Seconds to wait before stopping all workers, or ``None``
+            to wait indefinitely.
+        env: Extra environment variables, added on top of ``os.environ``.
+        cwd: Working directory for the workers.
+        output: Text stream that receives the prefixed worker output and
+            the launcher's own messages; ``sys.stdout`` if ``None``.
+        ports: One port per worker; free ports are picked if ``None``.
+        grace: Seconds between SIGTERM and SIGKILL when stopping workers.
+
+    Returns:
+        0 if every worker exited 0; otherwise the exit code of the first
+        worker that failed (128 + N if killed by signal N), 124 on timeout,
+        127 if a worker could not be started, and 130 on Ctrl-C.
+
+    Raises:
+        ValueError: If ``command`` is empty, ``num_workers`` < 1, ``timeout``
+            is not positive or ``ports`` has the wrong length.
+        TypeError: If ``command`` is a string rather than a list.
+    """
+    _check_args(command, num_workers, timeout)
+    out = _Output(sys.stdout if output is None else output)
+    if ports is None:
+        ports = free_ports(num_workers)
+    # Validate early so a bad port list fails before anything starts.
+    cluster_spec(num_workers, ports)
+
+    base_env = dict(os.environ)
+    if env is not None:
+        base_env.update(env)
+    base_env["PYTHONUNBUFFERED"] = "1"
+
+    out.line(
+        f"{_LAUNCH_PREFIX}starting {num_workers} worker(s) on ports "
+        f"{', '.join(str(p) for p in ports)}"
+    )
+    procs: list[subprocess.Popen] = []
+    pumps: list[threading.Thread] = []
+    try:
+        for index in range(num_workers):
+            worker_env = dict(base_env)
+            worker_env["TF_CONFIG"] = tf_config(num_workers, ports, index)
+            worker_env["TFGC_WORKER_INDEX"] = str(index)
+            worker_env["TFGC_NUM_WORKERS"] = str(num_workers)
+            try:
+                proc = subprocess.Popen(
+                    list(command),
+                    env=worker_env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as err:
+                out.line(
+                    f"{_LAUNCH_PREFIX}cannot start worker {index} with "
+                    f"command {list(command)!r}: {err}"
+                )
+                _stop(procs, grace)
+                return EXIT_CANNOT_START
+            procs.append(proc)
+            pump = threading.Thread(
+                target=_pump,
+                args=(proc.stdout, f"[worker {index}] ", out),
+                name=f"tfgc-launch-worker-{index}",
+                daemon=True,
+            )
+            pump.start()
+            pumps.append(pump)
+        code = _wait(procs, timeout, grace, out)
+    except KeyboardInterrupt:
+        out.line(f"{_LAUNCH_PREFIX}interrupted; stopping all workers")
+        _stop(procs, grace)
+        code = EXIT_SIGINT
+    except _Terminated:
+        out.line(f"{_LAUNCH_PREFIX}got SIGTERM; stopping all workers")
+        _stop(procs, grace)
+        code = EXIT_SIGTERM
+    # Let the pumps print what is left, but do not hang on pipes that a
+    # stray grandchild still holds open.
+    for pump in pumps:
+        pump.join(timeout=2.0)
+    return code
+
+
+def _wait(
+    procs: Sequence[subprocess.Popen],
+    timeout: float | None,
+    grace: float,
+    out: _Output,
+) -> int:
+    """Polls the workers until all succeed, one fails or time runs out."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        codes = [proc.poll() for proc in procs]
+        for index, returncode in enumerate(codes):
+            if returncode not in (None, 0):
+                out.line(
+                    f"{_LAUNCH_PREFIX}worker {index} {_describe(returncode)}; "
+                    "stopping the other workers"
+                )
+                _stop(procs, grace)
+                return _exit_code(returncode)
+        if all(returncode == 0 for returncode in codes):
+            out.line(f"{_LAUNCH_PREFIX}all {len(procs)} worker(s) exited 0")
+            return 0
+        if deadline is not None and time.monotonic() >= deadline:
+            running = [i for i, c in enumerate(codes) if c is None]
+            out.line(
+                f"{_LAUNCH_PREFIX}timeout of {timeout:g} s expired with "
+                f"worker(s) {running} still running; stopping all workers"
+            )
+            _stop(procs, grace)
+            return EXIT_TIMEOUT
+        time.sleep(_POLL_S)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer >= 1, got {text!r}; e.g. -n 2"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be >= 1, got {value}; pass the number of workers, e.g. -n 2"
+        )
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds, got {text!r}; e.g. --timeout 300"
+        ) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(
+            f"must be > 0 seconds, got {text}; pass a positive limit, "
+            "e.g. --timeout 300, or leave it out for no limit"
+        )
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected seconds >= 0, got {text!r}; e.g. --grace 5"
+        )
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tfgc.launch",
+        usage=(
+            "%(prog)s -n N [--timeout SECONDS] [--port-base P] "
+            "[--grace SECONDS] -- COMMAND [ARG ...]"
+        ),
+        description=(
+            "Start N local MultiWorkerMirroredStrategy workers, each running "
+            "COMMAND with its own TF_CONFIG, and stream their output."
+        ),
+        epilog="example: python -m tfgc.launch -n 2 -- python train.py",
+    )
+    parser.add_argument(
+        "-n",
+        "--num-workers",
+        type=_positive_int,
+        required=True,
+        help="number of worker processes to start (>= 1)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="stop all workers and exit 124 after this many seconds",
+    )
+    parser.add_argument(
+        "--port-base",
+        type=int,
+        default=None,
+        metavar="P",
+        help="use ports P .. P+N-1 instead of picking free ones",
+    )
+    parser.add_argument(
+        "--grace",
+        type=_non_negative_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="wait between SIGTERM and SIGKILL when stopping (default 5)",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point.
+
+    Args:
+        argv: Arguments without the program name; ``sys.argv[1:]`` if
+            ``None``.
+
+    Returns:
+        The launcher's exit code (see :func:`run`); 143 on SIGTERM.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    # Split by hand so the worker command may contain its own options.
+    if "--" in argv:
+        split = argv.index("--")
+        options, command = argv[:split], argv[split + 1 :]
+    else:
+        options, command = argv, []
+    args = parser.parse_args(options)
+    if not command:
+        parser.error(
+            "missing worker command: put it after '--', e.g. "
+            "python -m tfgc.launch -n 2 -- python train.py"
+        )
+    ports = None
+    if args.port_base is not None:
+        last = args.port_base + args.num_workers - 1
+        if args.port_base < 1 or last > 65535:
+            parser.error(
+                f"argument --port-base: ports {args.port_base}..{last} are "
+                "outside 1..65535; choose e.g. --port-base 20000, or leave "
+                "it out to pick free ports"
+            )
+        ports = list(range(args.port_base, last + 1))
+
+    def on_sigterm(signum, frame):
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        return run(
+            command,
+            args.num_workers,
+            timeout=args.timeout,
+            ports=ports,
+            grace=args.grace,
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""Sampled top-k selection by magnitude: MSTopK, RedSync, trimmed top-k.
+
+`top_k_sample` runs the compiled `Tfgc>TopKSample` op when it is loaded and
+`top_k_sample_reference` (pure TensorFlow, the test oracle) otherwise; both
+return the same indices for the same inputs and seed.
+
+Shared definitions (ALGORITHMS.md sections 1 and 5):
+
+* key(x) = |x| in float32; NaN has key -1 (selected last), +-Inf key +inf.
+* mean = sum of finite keys (float64) / their count, rounded to float32; max =
+  largest finite key; both 0 when no key is finite; diff = max - mean.
+* thr(ratio) = mean + ratio * diff in float32, ratio bisected in [0, 1]
+  starting from 0.5 for `rounds` rounds.
+
+Modes:
+
+* "mstopk" (Shi et al., MLSys 2021): counts of key >= thr; tracks the
+  largest count k1 <= k (thr1) and the smallest count k2 > k (thr2); takes
+  every key >= thr1 plus k - k1 elements of the band thr2 <= key < thr1, a
+  contiguous slice (in index order) whose start is uniform in
+  [0, |band| - (k - k1)] given `seed`. Exactly k. With no count <= k the band
+  has no upper bound; with no count > k it has no lower bound (NaN
+  included).
+* "threshold" (RedSync, Fang et al. 2019): counts of key > thr; a count
+  <= k lowers thr, a count >= 2k raises it, k < count < 2k is accepted.
+  Output: the keys > the accepted threshold (k < size < 2k); if none was
+  accepted, the threshold with the smallest count above k (size may reach
+  2k or more with ties); if no count ever exceeded k, the exact top-k.
+* "trimmed" (RedSync's trimmed top-k): the candidates are the keys above
+  the highest of thr(0.8), thr(0.6), ..., thr(0) that more than k keys
+  exceed; the exact top-k among them, which equals the exact top-k of x.
+  Ties go to the lower index. Exactly k.
+
+Indices are int32 and increasing; values are x[indices] in x's dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from tfgc.ops import _library
+
+MODES = ("mstopk", "threshold", "trimmed")
+_FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+_TRIMMED_RATIOS = (0.8, 0.6, 0.4, 0.2, 0.0)
+_SPLITMIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def _check_args(x: tf.Tensor, mode: str, rounds: int) -> None:
+    if mode not in MODES:
+        raise ValueError(
+            f"`mode` must be one of {', '.join(MODES)}. Received: mode={mode}"
+        )
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)):
+        raise TypeError(f"`rounds` must be an int. Received: rounds={rounds!r}")
+    if not 1 <= rounds <= 64:
+        raise ValueError(
+            f"`rounds` must be in [1, 64]. Received: rounds={rounds}"
+        )
+    if x.dtype not in _FLOAT_DTYPES:
+        raise TypeError(
+            "`x` must be float32, float16 or bfloat16. "
+            f"Received: dtype={x.dtype.name}"
+        )
+
+
+def top_k_sample(
+    x: tf.Tensor,
+    k: int | tf.Tensor,
+    mode: str = "mstopk",
+    rounds: int = 20,
+    seed: int | tf.Tensor = 0,
+    residual: tf.Tensor | None = None,
+) -> tuple[tf.Tensor, ...]:
+    """Selects about k elements of the flattened `x` by magnitude.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor of any shape (flattened).
+        k: number of elements, in [0, x.size]; int or int32/int64 scalar.
+        mode: "mstopk" (exactly k, sampled band fill), "threshold" (RedSync
+            threshold search, k < size < 2k) or "trimmed" (exact top-k).
+        rounds: bisection rounds (mstopk and threshold), in [1, 64].
+        seed: int64 scalar choosing MSTopK's band slice; same seed, same
+            selection.
+        residual: optional error-feedback residual of x's shape and dtype.
+            When given, the selection is made from acc = x + residual.
+
+    Returns:
+        (values, indices), values = x[indices] (acc[indices] with a
+        residual), indices int32 increasing; with `residual`, also the new
+        residual: acc with the selected entries zeroed, in x's shape.
+
+    Raises:
+        tf.errors.InvalidArgumentError: k is not a scalar in [0, x.size].
+        ValueError: unknown mode or rounds out of range.
+    """
+    x = tf.convert_to_tensor(x)
+    _check_args(x, mode, rounds)
+    lib = _library.custom_ops()
+    if lib is None:
+        return top_k_sample_reference(x, k, mode, rounds, seed, residual)
+    k = _as_index(k)
+    seed = tf.cast(seed, tf.int64)
+    if residual is None:
+        return tuple(
+            lib.tfgc_top_k_sample(x, k, seed, mode=mode, rounds=rounds)
+        )
+    residual = tf.convert_to_tensor(residual, dtype=x.dtype)
+    return tuple(
+        lib.tfgc_top_k_sample_with_residual(
+            x, residual, k, seed, mode=mode, rounds=rounds
+        )
+    )
+
+
+def _as_index(k: int | tf.Tensor) -> tf.Tensor:
+    k = tf.convert_to_tensor(k)
+    if k.dtype not in (tf.int32, tf.int64):
+        k = tf.cast(k, tf.int64)
+    return k
+
+
+def _keys(x: tf.Tensor) -> tf.Tensor:
+    a = tf.abs(tf.cast(tf.reshape(x, [-1]), tf.float32))
+    return tf.where(tf.math.is_nan(a), tf.constant(-1.0), a)
+
+
+def slice_start_reference(seed: tf.Tensor, max_start: tf.Tensor) -> tf.Tensor:
+    """MSTopK's band slice start, uniform in [0, max_start] given `seed`.
+
+    SplitMix64 of the seed, top 53 bits as a float64 u in [0, 1), then
+    floor(u * (max_start + 1)); 0 when max_start <= 0.
+    """
+    c = [tf.constant(v, tf.uint64) for v in _SPLITMIX]
+    z = tf.bitcast(tf.cast(seed, tf.int64), tf.uint64) + c[0]
+    sh = tf.bitwise.right_shift
+    z = tf.bitwise.bitwise_xor(z, sh(z, tf.constant(30, tf.uint64))) * c[1]
+    z = tf.bitwise.bitwise_xor(z, sh(z, tf.constant(27, tf.uint64))) * c[2]
+    z = tf.bitwise.bitwise_xor(z, sh(z, tf.constant(31, tf.uint64)))
+    u = tf.cast(sh(z, tf.constant(11, tf.uint64)), tf.float64) * (2.0**-53)
+    max_start = tf.cast(max_start, tf.int64)
+    s = tf.cast(u * tf.cast(max_start + 1, tf.float64), tf.int64)
+    return tf.where(max_start <= 0, tf.constant(0, tf.int64), s)
+
+
+def _stats(keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    finite = tf.math.is_finite(keys) & (keys >= 0)
+    count = tf.reduce_sum(tf.cast(finite, tf.int64))
+    total = tf.reduce_sum(tf.where(finite, tf.cast(keys, tf.float64), 0.0))
+    mean = tf.cast(
+        total / tf.cast(tf.maximum(count, 1), tf.float64), tf.float32
+    )
+    mx = tf.reduce_max(
+        tf.concat([tf.where(finite, keys, 0.0), tf.zeros([1])], 0)
+    )
+    mean = tf.where(count > 0, mean, 0.0)
+    mx = tf.where(count > 0, mx, 0.0)
+    return mean, mx - mean
+
+
+def _count(keys: tf.Tensor, thr: tf.Tensor, strict: bool) -> tf.Tensor:
+    above = keys > thr if strict else keys >= thr
+    return tf.reduce_sum(tf.cast(above, tf.int64))
+
+
+def _bisect(keys, k, mean, diff, rounds: int, strict: bool):
+    """The bisection of the module docstring; returns its final state."""
+    f32, i64 = tf.float32, tf.int64
+    lo, hi = tf.constant(0.0, f32), tf.constant(1.0, f32)
+    has_hi, has_lo, accepted = (tf.constant(False),) * 3
+    hi_thr, lo_thr = tf.constant(0.0, f32), tf.constant(0.0, f32)
+    hi_count, lo_count = tf.constant(0, i64), tf.constant(0, i64)
+    for _ in range(rounds):
+        ratio = (lo + hi) * 0.5
+        step = ratio * diff
+        thr = mean + step
+        count = _count(keys, thr, strict)
+        small = count <= k
+        if strict:  # RedSync threshold search
+            big = ~small & (count >= 2 * k)
+            accept = ~small & ~big & ~accepted
+            active = ~accepted
+            new_lo = active & (big | accept)
+            set_lo = new_lo & (accept | ~has_lo | (count < lo_count))
+            hi = tf.where(active & small, ratio, hi)
+            lo = tf.where(new_lo, ratio, lo)
+            accepted = accepted | accept
+        else:  # MSTopK
+            set_hi = small & (~has_hi | (count > hi_count))
+            set_lo = ~small & (~has_lo | (count < lo_count))
+            hi = tf.where(small, ratio, hi)
+            lo = tf.where(small, lo, ratio)
+            hi_thr = tf.where(set_hi, thr, hi_thr)
+            hi_count = tf.where(set_hi, count, hi_count)
+            has_hi = has_hi | set_hi
+        lo_thr = tf.where(set_lo, thr, lo_thr)
+        lo_count = tf.where(set_lo, count, lo_count)
+        has_lo = has_lo | set_lo
+    return has_hi, hi_thr, hi_count, has_lo, lo_thr, lo_count
+
+
+def _exact_mask(keys: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+    n = tf.size(keys, out_type=tf.int64)
+    idx = tf.math.top_k(keys, tf.cast(k, tf.int32)).indices
+    return tf.scatter_nd(
+        tf.cast(idx, tf.int64)[:, None],
+        tf.ones(tf.shape(idx), tf.bool),
+        n[None],
+    )
+
+
+def _mask_reference(keys, k, mode: str, rounds: int, seed) -> tf.Tensor:
+    n = tf.size(keys, out_type=tf.int64)
+    if mode == "trimmed":
+        # The trimming only bounds the candidates; among keys above a
+        # threshold that at least k keys exceed, the top-k is the global one.
+        return _exact_mask(keys, k)
+    mean, diff = _stats(keys)
+    strict = mode == "threshold"
+    has_hi, hi_thr, hi_count, has_lo, lo_thr, lo_count = _bisect(
+        keys, k, mean, diff, rounds, strict
+    )
+    if strict:
+        return tf.cond(
+            has_lo,
+            lambda: keys > lo_thr,
+            lambda: _exact_mask(keys, k),
+        )
+    above = has_hi & (keys >= hi_thr)
+    band = ~above & (~has_lo | (keys >= lo_thr))
+    above_count = tf.where(has_hi, hi_count, 0)
+    need = k - above_count
+    band_size = tf.where(has_lo, lo_count, n) - above_count
+    start = slice_start_reference(seed, band_size - need)
+    rank = tf.cumsum(tf.cast(band, tf.int64), exclusive=True)
+    return above | (band & (rank >= start) & (rank < start + need))
+
+
+def top_k_sample_reference(
+    x: tf.Tensor,
+    k: int | tf.Tensor,
+    mode: str = "mstopk",
+    rounds: int = 20,
+    seed: int | tf.Tensor = 0,
+    residual: tf.Tensor | None = None,
+) -> tuple[tf.Tensor, ...]:
+    """Pure-TensorFlow `top_k_sample`: same arguments, same results."""
+    x = tf.convert_to_tensor(x)
+    _check_args(x, mode, rounds)
+    if residual is not None:
+        residual = tf.convert_to_tensor(residual, dtype=x.dtype)
+        x = x + residual
+    flat = tf.reshape(x, [-1])
+    n = tf.size(flat, out_type=tf.int64)
+    k = tf.cast(_as_index(k), tf.int64)
+    seed = tf.convert_to_tensor(seed)
+    checks = [
+        tf.debugging.assert_equal(
+            tf.rank(k), 0, message="`k` must be a scalar"
+        ),
+        tf.debugging.assert_equal(
+            tf.rank(seed), 0, message="`seed` must be a scalar"
+        ),
+        tf.debugging.assert_greater_equal(
+            k, tf.constant(0, tf.int64), message="`k` must be in [0, n]"
+        ),
+        tf.debugging.assert_less_equal(k, n, message="`k` must be in [0, n]"),
+    ]
+    with tf.control_dependencies(checks):
+        keys = tf.identity(_keys(flat))
+        k = tf.identity(tf.reshape(k, []))
+        seed = tf.cast(tf.reshape(seed, []), tf.int64)
+    mask = tf.cond(
+        k > 0,
+        lambda: _mask_reference(keys, k, mode, rounds, seed),
+        lambda: tf.zeros(tf.shape(keys), tf.bool),
+    )
+    indices = tf.cast(tf.reshape(tf.where(mask), [-1]), tf.int32)
+    values = tf.gather(flat, indices)
+    if residual is None:
+        return values, indices
+    new_residual = tf.tensor_scatter_nd_update(
+        flat, indices[:, None], tf.zeros_like(values)
+    )
+    return values, indices, tf.reshape(new_residual, tf.shape(x))

@@ -1,0 +1,5 @@
+"""Keras integration."""
+
+from tfgc.optimizers.compressed_optimizer import CompressedOptimizer
+
+__all__ = ["CompressedOptimizer"]
