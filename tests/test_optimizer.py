@@ -6,7 +6,6 @@ import pytest
 import tensorflow as tf
 
 import tfgc
-from tests.conftest import NUM_LOGICAL_CPUS
 
 
 def _model(seed=0):
@@ -164,17 +163,11 @@ def test_stats_callback_needs_compressed_optimizer():
         )
 
 
-def _mirrored():
-    return tf.distribute.MirroredStrategy(
-        [f"/cpu:{i}" for i in range(NUM_LOGICAL_CPUS)]
-    )
-
-
-def test_mirrored_custom_loop_conserves_mass_and_keeps_replicas_equal():
+def test_mirrored_custom_loop_conserves_mass_and_keeps_replicas_equal(mirrored):
     """SGD(lr=1) on a linear loss: every replica r has the constant
     gradient c_r, so after T steps
     (w_0 - w_T) + sum_r residual_r == T * sum_r c_r."""
-    strategy = _mirrored()
+    strategy = mirrored
     p = strategy.num_replicas_in_sync
     n, steps = 300, 4
     rng = np.random.default_rng(1)
@@ -214,8 +207,8 @@ def test_mirrored_custom_loop_conserves_mass_and_keeps_replicas_equal():
     )
 
 
-def test_apply_in_cross_replica_context_is_refused():
-    strategy = _mirrored()
+def test_apply_in_cross_replica_context_is_refused(mirrored):
+    strategy = mirrored
     with strategy.scope():
         w = keras.Variable(np.zeros(4, "float32"))
         opt = tfgc.CompressedOptimizer(keras.optimizers.SGD(0.1))
@@ -224,8 +217,8 @@ def test_apply_in_cross_replica_context_is_refused():
             opt.apply([tf.ones(4)], [w])
 
 
-def test_unbuilt_optimizer_in_distributed_step_names_the_fix():
-    strategy = _mirrored()
+def test_unbuilt_optimizer_in_distributed_step_names_the_fix(mirrored):
+    strategy = mirrored
     with strategy.scope():
         w = keras.Variable(np.zeros(4, "float32"))
         opt = tfgc.CompressedOptimizer(keras.optimizers.SGD(0.1))
@@ -299,3 +292,30 @@ def test_inner_must_be_a_keras_optimizer():
     opt = tfgc.CompressedOptimizer(keras.optimizers.SGD())
     with pytest.raises(ValueError, match="already a CompressedOptimizer"):
         tfgc.CompressedOptimizer(opt)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("compressor", ["topk", "signsgd", "randomk"])
+def test_half_precision_gradients_travel(mirrored, dtype, compressor):
+    strategy = mirrored
+    with strategy.scope():
+        w = keras.Variable(np.ones(2000), dtype=dtype)
+        opt = tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.5), compressor=compressor
+        )
+        opt.build([w])
+
+    @tf.function
+    def step():
+        def replica_fn():
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.cast(w, tf.float32) ** 2)
+            opt.apply(tape.gradient(loss, [w]), [w])
+
+        strategy.run(replica_fn)
+
+    step()
+    copies = [v.numpy().astype("float32") for v in w.value.values]
+    assert copies[0].dtype == np.float32 and not np.all(copies[0] == 1)
+    for c in copies[1:]:
+        np.testing.assert_array_equal(copies[0], c)

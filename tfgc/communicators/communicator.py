@@ -11,6 +11,8 @@ from tfgc.compressors.base import ALL_GATHER, ALL_REDUCE
 
 _Options = tf.distribute.experimental.CommunicationOptions
 _Implementation = tf.distribute.experimental.CommunicationImplementation
+# The exported name is a factory; instances are of this internal class.
+_OPTIONS_TYPE = type(_Options())
 
 
 def _options_to_config(options):
@@ -51,7 +53,7 @@ class Communicator:
     supported: tuple[str, ...] = (ALL_REDUCE, ALL_GATHER)
 
     def __init__(self, options: _Options | None = None):
-        if options is not None and not isinstance(options, _Options):
+        if options is not None and not isinstance(options, _OPTIONS_TYPE):
             raise TypeError(
                 "`options` must be a tf.distribute.experimental."
                 f"CommunicationOptions. Received: options={options!r}"

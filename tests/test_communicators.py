@@ -1,0 +1,104 @@
+"""Fused collectives give what per-tensor collectives give."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.conftest import NUM_LOGICAL_CPUS
+from tfgc import communicators
+from tfgc.communicators import fusion
+
+
+def _tensors(replica):
+    """Mixed dtypes and shapes, different on every replica."""
+    r = tf.cast(replica, tf.float32) + 1.0
+    return [
+        tf.reshape(tf.range(6, dtype=tf.float32), [2, 3]) * r,
+        tf.cast(tf.range(5) * (replica + 1), tf.int32),
+        tf.cast(tf.constant([0.5, -1.5]) * r, tf.float16),
+        tf.cast(tf.constant([[2.0]]) * r, tf.bfloat16),
+        tf.constant([7], tf.int32) + replica,
+        tf.cast(tf.range(3) + replica, tf.uint8),  # odd byte count
+        tf.cast(tf.range(2) - replica, tf.int64),
+    ]
+
+
+@pytest.mark.parametrize("op", ["all_reduce_sum", "all_gather"])
+def test_fused_equals_one_collective_per_tensor(op, mirrored):
+    strategy = mirrored
+
+    @tf.function
+    def run():
+        def replica_fn():
+            ctx = tf.distribute.get_replica_context()
+            tensors = _tensors(ctx.replica_id_in_sync_group)
+            if op == "all_reduce_sum":
+                tensors = tensors[:5]  # integer sums of 8-bit types: none
+                fused = fusion.all_reduce_sum(tensors, ctx)
+                single = [
+                    ctx.all_reduce(tf.distribute.ReduceOp.SUM, t)
+                    for t in tensors
+                ]
+            else:
+                fused = fusion.all_gather(tensors, ctx)
+                # The per-tensor reference gathers each tensor as int64
+                # (a type every gather kernel takes) and casts back.
+                single = [
+                    tf.cast(
+                        ctx.all_gather(tf.cast(t, tf.float64)[None], axis=0),
+                        t.dtype,
+                    )
+                    for t in tensors
+                ]
+            return fused, single
+
+        return strategy.run(replica_fn)
+
+    fused, single = run()
+    for f, s in zip(fused, single):
+        f_local = strategy.experimental_local_results(f)
+        s_local = strategy.experimental_local_results(s)
+        for a, b in zip(f_local, s_local):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(
+                tf.cast(a, tf.float32).numpy(), tf.cast(b, tf.float32).numpy()
+            )
+
+
+def test_allgather_communicator_sums_linear_payloads(mirrored):
+    strategy = mirrored
+    comm = communicators.AllGather()
+
+    @tf.function
+    def run():
+        def replica_fn():
+            ctx = tf.distribute.get_replica_context()
+            x = tf.fill([3], tf.cast(ctx.replica_id_in_sync_group, tf.float32))
+            return comm.exchange([(x,)], ["all_reduce"])[0][0]
+
+        return strategy.run(replica_fn)
+
+    total = sum(range(NUM_LOGICAL_CPUS))
+    for value in strategy.experimental_local_results(run()):
+        np.testing.assert_array_equal(value.numpy(), [total] * 3)
+
+
+def test_allreduce_refuses_gather_payloads():
+    with pytest.raises(ValueError, match="communicator='auto'"):
+        communicators.AllReduce().exchange([(tf.ones(2),)], ["all_gather"])
+
+
+def test_communication_options_round_trip():
+    options = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=1024,
+        timeout_seconds=30.0,
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING,
+    )
+    comm = communicators.get("allgather", options=options)
+    restored = communicators.get(communicators.serialize(comm))
+    assert isinstance(restored, communicators.AllGather)
+    assert restored.options.bytes_per_pack == 1024
+    assert restored.options.timeout_seconds == 30.0
+    assert restored.options.implementation.name == "RING"
+    with pytest.raises(TypeError, match="CommunicationOptions"):
+        communicators.Auto(options={"bytes_per_pack": 1})
