@@ -319,3 +319,19 @@ def test_half_precision_gradients_travel(mirrored, dtype, compressor):
     assert copies[0].dtype == np.float32 and not np.all(copies[0] == 1)
     for c in copies[1:]:
         np.testing.assert_array_equal(copies[0], c)
+
+
+def test_fit_under_mirrored_strategy_matches_plain_optimizer(mirrored):
+    x, y = _data(128)
+    weights = []
+    for wrap in (False, True):
+        with mirrored.scope():
+            model = _model()
+            opt = keras.optimizers.SGD(0.1, momentum=0.9)
+            if wrap:
+                opt = tfgc.CompressedOptimizer(opt, compressor="identity")
+            _compile(model, opt)
+        model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+        weights.append([w.numpy() for w in model.weights])
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

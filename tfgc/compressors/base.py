@@ -133,7 +133,23 @@ class Compressor:
         return hash((type(self), repr(self)))
 
 
+class DensityCompressor(Compressor):
+    """Base for compressors that send k = ceil(density * n) entries.
+
+    Args:
+        density: fraction of entries to send, in (0, 1].
+    """
+
+    def __init__(self, density: float = 0.01):
+        self.density = check_density(density)
+
+    def num_selected(self, shape) -> int:
+        return num_selected(num_elements(shape), self.density)
+
+    def get_config(self):
+        return {"density": self.density}
+
+
 def register(cls):
     """Registers a compressor for Keras serialization under `tfgc>`."""
     return keras.saving.register_keras_serializable(package="tfgc")(cls)
-

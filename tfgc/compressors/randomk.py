@@ -14,7 +14,7 @@ class RandomKPayload(NamedTuple):
 
 
 @base.register
-class RandomK(base.Compressor):
+class RandomK(base.DensityCompressor):
     """Sends k = ceil(density * n) entries at positions drawn at random.
 
     Stich, Cordonnier and Jaggi, "Sparsified SGD with Memory" (NeurIPS 2018).
@@ -31,15 +31,9 @@ class RandomK(base.Compressor):
 
     collective = base.ALL_REDUCE
 
-    def __init__(self, density: float = 0.01):
-        self.density = base.check_density(density)
-
-    def _k(self, n):
-        return base.num_selected(n, self.density)
-
     def indices(self, n, key):
         """The k positions all workers use for this tensor and step."""
-        k = self._k(n)
+        k = self.num_selected((n,))
         positions = tf.random.experimental.index_shuffle(
             tf.range(k, dtype=tf.int64),
             seed=tf.cast(key, tf.int64),
@@ -63,7 +57,4 @@ class RandomK(base.Compressor):
         return self.decompress(payload, ctx)[0]
 
     def payload_bytes(self, shape, dtype):
-        return self._k(base.num_elements(shape)) * tf.as_dtype(dtype).size
-
-    def get_config(self):
-        return {"density": self.density}
+        return self.num_selected(shape) * tf.as_dtype(dtype).size

@@ -15,7 +15,7 @@ class SparsePayload(NamedTuple):
 
 
 @base.register
-class TopK(base.Compressor):
+class TopK(base.DensityCompressor):
     """Sends the k = ceil(density * n) entries of largest magnitude.
 
     Aji and Heafield, "Sparse Communication for Distributed Gradient
@@ -32,16 +32,10 @@ class TopK(base.Compressor):
 
     collective = base.ALL_GATHER
 
-    def __init__(self, density: float = 0.01):
-        self.density = base.check_density(density)
-
-    def _k(self, n):
-        return base.num_selected(n, self.density)
-
     def compress(self, x, state, key):
         del key
         flat = tf.reshape(x, [-1])
-        k = self._k(flat.shape[0])
+        k = self.num_selected(flat.shape)
         _, indices = tf.math.top_k(tf.abs(flat), k=k, sorted=False)
         payload = SparsePayload(tf.gather(flat, indices), indices)
         return payload, (x.shape, x.dtype, state)
@@ -56,8 +50,5 @@ class TopK(base.Compressor):
         return self.decompress(payload, ctx)[0]
 
     def payload_bytes(self, shape, dtype):
-        k = self._k(base.num_elements(shape))
+        k = self.num_selected(shape)
         return k * (tf.as_dtype(dtype).size + 4)
-
-    def get_config(self):
-        return {"density": self.density}
