@@ -188,8 +188,12 @@ def test_powersgd_initial_factors_depend_only_on_key():
     assert a.shape == (10, 3)
 
 
-def test_powersgd_sends_vectors_dense():
+def test_powersgd_sends_vectors_dense_and_compresses_conv_kernels():
     assert not compressors.PowerSGD(rank=1).should_compress((1000,))
+    # Keras conv kernel (kh, kw, in, out): a (576, 64) matrix.
+    c = compressors.PowerSGD(rank=4)
+    assert c.should_compress((3, 3, 64, 64))
+    assert c.payload_bytes((3, 3, 64, 64), "float32") == 4 * (576 + 64) * 4
 
 
 @pytest.mark.parametrize("density", [0, -0.1, 1.5, float("nan"), "a", None])

@@ -52,6 +52,7 @@ class CommonConfig:
             TensorFlow's default.
         cluster_resolver: "tf_config" (the `TF_CONFIG` variable) or "slurm"
             (`SlurmClusterResolver`), for `multi_worker_mirrored` only.
+        slurm_port_base: first port of the tasks on a SLURM node.
         train_steps: total training steps; `None` trains whole epochs.
         epochs: number of epochs (the total steps are split evenly over
             them); `None` leaves the model's default.
@@ -74,6 +75,7 @@ class CommonConfig:
     distribution_strategy: str = "multi_worker_mirrored"
     all_reduce_alg: str | None = None
     cluster_resolver: str = "tf_config"
+    slurm_port_base: int = 8888
     train_steps: int | None = None
     epochs: int | None = None
     eval_steps: int | None = None
@@ -127,6 +129,11 @@ class CommonConfig:
                 f"`--cluster_resolver={self.cluster_resolver}` needs "
                 "--distribution_strategy=multi_worker_mirrored. Received: "
                 f"distribution_strategy={self.distribution_strategy!r}"
+            )
+        if not 1 <= self.slurm_port_base <= 65535:
+            raise ValueError(
+                "`--slurm_port_base` must be a port in [1, 65535]. Received: "
+                f"slurm_port_base={self.slurm_port_base!r}"
             )
         for name in ("train_steps", "epochs", "eval_steps", "batch_size"):
             _check_positive_int(name, getattr(self, name))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 
@@ -11,6 +12,9 @@ import tensorflow as tf
 from models.common.config import CommonConfig
 
 _Implementation = tf.distribute.experimental.CommunicationImplementation
+# Placeholder "GPUs" per node for SlurmClusterResolver on CPU-only nodes: an
+# upper bound on tasks per node.
+_CPU_TASK_SLOTS = 4096
 
 
 def communication_options(
@@ -28,12 +32,41 @@ def communication_options(
     )
 
 
+def slurm_cluster_resolver(
+    port_base: int = 8888,
+) -> tf.distribute.cluster_resolver.SlurmClusterResolver:
+    """TensorFlow's `SlurmClusterResolver`, also on nodes without GPUs.
+
+    Reads `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS`, `SLURM_STEP_NODELIST` and
+    `SLURM_STEP_TASKS_PER_NODE`; task i of a node listens on
+    `port_base + i`. On GPU nodes the resolver splits the node's GPUs among
+    its tasks. Without `nvidia-smi` or `CUDA_VISIBLE_DEVICES` it would fail
+    while counting GPUs, so there every task gets a placeholder slot and the
+    visible devices are left alone.
+    """
+    resolver_cls = tf.distribute.cluster_resolver.SlurmClusterResolver
+    if shutil.which("nvidia-smi") or os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return resolver_cls(port_base=port_base)
+    return resolver_cls(
+        port_base=port_base,
+        gpus_per_node=_CPU_TASK_SLOTS,
+        gpus_per_task=1,
+        auto_set_gpu=False,
+    )
+
+
 def make_strategy(config: CommonConfig) -> tf.distribute.Strategy:
     """Builds the strategy `--distribution_strategy` names.
 
     Raises:
         ValueError: `--all_reduce_alg=nccl` without a GPU.
     """
+    resolver = None
+    if config.cluster_resolver == "slurm":
+        resolver = slurm_cluster_resolver(config.slurm_port_base)
+        # Resolving sets this task's CUDA_VISIBLE_DEVICES; do it before
+        # TensorFlow enumerates the GPUs.
+        resolver.cluster_spec()
     # Physical, not logical: listing logical devices initialises the eager
     # context, after which MultiWorkerMirroredStrategy can no longer
     # configure its collectives.
@@ -55,9 +88,6 @@ def make_strategy(config: CommonConfig) -> tf.distribute.Strategy:
             # MirroredStrategy has no ring; reduce on one device instead.
             cross_device_ops = tf.distribute.ReductionToOneDevice()
         return tf.distribute.MirroredStrategy(cross_device_ops=cross_device_ops)
-    resolver = None
-    if config.cluster_resolver == "slurm":
-        resolver = tf.distribute.cluster_resolver.SlurmClusterResolver()
     return tf.distribute.MultiWorkerMirroredStrategy(
         cluster_resolver=resolver,
         communication_options=communication_options(config),

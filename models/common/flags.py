@@ -73,6 +73,12 @@ def define_common_flags() -> None:
         "variable, or SLURM's environment (SlurmClusterResolver).",
     )
     flags.DEFINE_integer(
+        "slurm_port_base",
+        8888,
+        "With --cluster_resolver=slurm, task i of a node listens on this "
+        "port + i.",
+    )
+    flags.DEFINE_integer(
         "train_steps",
         None,
         "Total training steps (split evenly over --epochs). Default: "
@@ -131,6 +137,7 @@ def common_config_from_flags(
         distribution_strategy=f.distribution_strategy,
         all_reduce_alg=f.all_reduce_alg,
         cluster_resolver=f.cluster_resolver,
+        slurm_port_base=f.slurm_port_base,
         train_steps=f.train_steps,
         epochs=f.epochs,
         eval_steps=f.eval_steps,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -60,6 +61,7 @@ def train_and_evaluate(
     extra_callbacks: tuple[keras.callbacks.Callback, ...] = (),
     derived: Callable[[dict[str, float]], None] | None = None,
     model_config: Mapping[str, Any] | None = None,
+    units_per_example: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Trains, evaluates and writes `summary.json`; returns the summary.
 
@@ -81,6 +83,8 @@ def train_and_evaluate(
         derived: adds derived metrics (e.g. perplexity) to a dict of
             results in place; applied to the final train and eval results.
         model_config: model-specific settings for the summary.
+        units_per_example: other throughput units, e.g. `{"tokens": 35}`
+            adds `tokens_per_second` to the summary.
 
     Returns:
         The run summary (also written as JSON to `<output dir>/summary.json`).
@@ -95,6 +99,8 @@ def train_and_evaluate(
         log_steps=config.log_steps,
         extra=extra_callbacks,
     )
+    # A live progress bar for a terminal, one line per epoch in log files.
+    verbose = (1 if sys.stdout.isatty() else 2) if chief else 0
     start = time.perf_counter()
     history = model.fit(
         train_data,
@@ -102,7 +108,7 @@ def train_and_evaluate(
         steps_per_epoch=steps_per_epoch,
         callbacks=callbacks,
         shuffle=False,  # the input pipelines shuffle themselves
-        verbose=1 if chief else 0,
+        verbose=verbose,
     )
     train_seconds = time.perf_counter() - start
     stats = model.optimizer.compression_stats()
@@ -118,9 +124,7 @@ def train_and_evaluate(
     )
     for split, (data, steps) in (eval_sets or {}).items():
         results = _floats(
-            model.evaluate(
-                data, steps=steps, return_dict=True, verbose=1 if chief else 0
-            )
+            model.evaluate(data, steps=steps, return_dict=True, verbose=verbose)
         )
         if derived is not None:
             derived(results)
@@ -166,6 +170,9 @@ def train_and_evaluate(
         "config": config.as_dict(),
         "model_config": dict(model_config or {}),
     }
+    rate = summary["examples_per_second"]
+    for unit, count in (units_per_example or {}).items():
+        summary[f"{unit}_per_second"] = rate * count if rate else None
     eval_writer.close()
     path = os.path.join(out_dir, SUMMARY_FILE)
     with open(path, "w") as f:

@@ -203,9 +203,8 @@ def run(config: LstmConfig) -> dict[str, Any]:
             "learning_rate": config.learning_rate,
             "tokens_per_step": global_batch * num_steps,
         },
+        units_per_example={"tokens": num_steps},
     )
-    rate = summary["examples_per_second"]
-    summary["tokens_per_second"] = rate * num_steps if rate else None
     return summary
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from absl import flags
 from absl.testing import flagsaver
 
+from models.common import callbacks as callbacks_lib
 from models.common.config import CommonConfig
 from models.lstm_lm import data
 from models.lstm_lm import main as lstm_main
@@ -77,11 +79,11 @@ def test_ptb_subset_perplexity_falls(ptb_dir, tmp_path):
         common=CommonConfig(
             model_dir=str(tmp_path / "model"),
             data_dir=str(ptb_dir),
-            train_steps=40,
-            epochs=4,
+            train_steps=30,
+            epochs=3,
             eval_steps=4,
             log_steps=10,
-            distribution_strategy="mirrored",
+            distribution_strategy="one_device",
             compressor="topk",
             density=0.05,
         ),
@@ -89,9 +91,51 @@ def test_ptb_subset_perplexity_falls(ptb_dir, tmp_path):
     )
     summary = lstm_main.run(config)
     perplexity = summary["history"]["perplexity"]
-    assert len(perplexity) == 4
+    assert len(perplexity) == 3
     # The untrained model is near uniform over the vocabulary.
     assert perplexity[0] > 0.5 * summary["model_config"]["vocab_size"]
     assert perplexity[-1] < 0.5 * perplexity[0], perplexity
     assert summary["eval"]["valid"]["perplexity"] < perplexity[0]
     assert summary["eval"]["test"]["perplexity"] < perplexity[0]
+
+
+class _Preempted(Exception):
+    pass
+
+
+def test_restarted_run_resumes_from_backup(tmp_path, monkeypatch):
+    config = lstm_main.LstmConfig(
+        common=CommonConfig(
+            model_dir=str(tmp_path / "model"),
+            use_synthetic_data=True,
+            train_steps=3,
+            epochs=3,
+            batch_size=2,
+            skip_eval=True,
+            distribution_strategy="one_device",
+            compressor="randomk",
+            density=0.1,
+        )
+    )
+    original = callbacks_lib.Throughput.on_epoch_end
+
+    def preempt_in_second_epoch(self, epoch, logs=None):
+        original(self, epoch, logs)
+        if epoch == 1:
+            raise _Preempted()
+
+    monkeypatch.setattr(
+        callbacks_lib.Throughput, "on_epoch_end", preempt_in_second_epoch
+    )
+    with pytest.raises(_Preempted):
+        lstm_main.run(config)
+    backup = tmp_path / "model" / "backup"
+    metadata = json.loads((backup / "training_metadata.json").read_text())
+    assert metadata["epoch"] == 1  # epoch 0 was saved, epoch 1 was not
+
+    monkeypatch.setattr(callbacks_lib.Throughput, "on_epoch_end", original)
+    summary = lstm_main.run(config)
+    # Only epochs 1 and 2 ran after the restart.
+    assert summary["train_steps"] == 2
+    assert len(summary["history"]["loss"]) == 2
+    assert not backup.exists()

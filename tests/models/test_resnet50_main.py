@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_datasets as tfds
 
 from models.common.config import CommonConfig
 from models.resnet50_imagenet import data, resnet
@@ -126,6 +127,8 @@ def test_cifar_sized_mixed_precision_restores_policy(tmp_path):
     summary = resnet_main.run(
         _config(
             tmp_path,
+            train_steps=2,
+            epochs=1,
             mixed_precision=True,
             compressor="signsgd",
             density=None,
@@ -151,4 +154,46 @@ def test_resnet50_synthetic_two_steps(tmp_path):
     )
     assert summary["num_parameters"] == 25_610_152
     assert summary["bytes_per_step"]["dense"] == 4 * 25_557_032
+    assert np.isfinite(summary["train"]["loss"])
+
+
+@pytest.mark.parametrize(
+    "spec", [data.CIFAR10, data.IMAGENET], ids=lambda s: s.tfds_name
+)
+@pytest.mark.parametrize("training", [True, False])
+def test_tfds_pipeline_on_mock_data(spec, training):
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    fn = data.dataset_fn("/nonexistent", spec, "tfds", 4, training=training)
+    with tfds.testing.mock_data(
+        num_examples=16, policy=tfds.testing.MockPolicy.USE_CODE
+    ):
+        images, labels = next(
+            iter(strategy.distribute_datasets_from_function(fn))
+        )
+    size = spec.image_size
+    assert images.shape == (4, size, size, 3)
+    assert labels.shape == (4, spec.num_classes)
+
+
+def test_cifar_sized_on_prepared_tfds_dir(tmp_path):
+    # A prepared directory as find_source sees it; mock_data supplies the
+    # examples, since nothing may be downloaded here.
+    prepared = tmp_path / "data" / "cifar10" / "3.0.2"
+    prepared.mkdir(parents=True)
+    (prepared / "dataset_info.json").write_text("{}")
+    config = _config(
+        tmp_path,
+        use_synthetic_data=False,
+        data_dir=str(tmp_path / "data"),
+        train_steps=2,
+        epochs=1,
+        eval_steps=1,
+    )
+    assert config.source == "tfds"
+    with tfds.testing.mock_data(
+        num_examples=64, policy=tfds.testing.MockPolicy.USE_CODE
+    ):
+        summary = resnet_main.run(config)
+    assert summary["model_config"]["source"] == "tfds"
+    assert summary["eval"]["test"]["steps"] == 1
     assert np.isfinite(summary["train"]["loss"])

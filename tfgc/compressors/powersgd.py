@@ -18,8 +18,11 @@ class PowerSGDState(NamedTuple):
 
 
 def _matrix_shape(shape):
-    rows = int(shape[0])
-    return rows, base.num_elements(shape) // max(rows, 1)
+    # Keras keeps the output axis last (Dense (in, out), Conv2D (kh, kw, in,
+    # out)); the paper's PyTorch code views (out, in*kh*kw). The transpose
+    # has the same low-rank factors.
+    cols = int(shape[-1])
+    return base.num_elements(shape) // max(cols, 1), cols
 
 
 def _compute_dtype(dtype):
@@ -34,8 +37,9 @@ class PowerSGD(base.Compressor):
 
     Vogels, Karimireddy and Jaggi, "PowerSGD: Practical Low-Rank Gradient
     Compression for Distributed Optimization" (NeurIPS 2019). A tensor is
-    viewed as a matrix M of shape (shape[0], rest) with rank
-    r = min(rank, rows, cols). Each step: P = M Q; all-reduce P;
+    viewed as a matrix M of shape (prod(shape[:-1]), shape[-1]) (Keras puts
+    the output axis last; the paper's PyTorch view is the transpose, with
+    the same factors) with rank r = min(rank, rows, cols). Each step: P = M Q; all-reduce P;
     P = orth(P) (reduced QR); Q = M^T P; all-reduce Q; the update is P Q^T.
     Two dependent all-reduces per step, as in the paper. Q persists as warm
     start and starts from the same seeded normal draw on every worker.
