@@ -27,8 +27,12 @@ class BuildCustomOps(build_ext):
     """Compiles the TF custom ops with `custom_ops/build.py`, never fatally."""
 
     def get_ext_filename(self, fullname):
+        # The loader expects a plain `_tfgc_ops.so`, not an ABI-tagged name;
+        # distutils passes the last component, setuptools the full name.
         if fullname == OPS_EXTENSION:
             return os.path.join(*OPS_EXTENSION.split(".")) + ".so"
+        if fullname == OPS_EXTENSION.rsplit(".", 1)[1]:
+            return fullname + ".so"
         return super().get_ext_filename(fullname)
 
     def run(self):

@@ -1,0 +1,1 @@
+"""Sources and build helper of tfgc's TensorFlow custom ops."""

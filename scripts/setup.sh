@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv (once) and installs tfgc with the CPU TensorFlow build and
-# everything the demo and the tests need. Safe to run again.
+# Creates .venv (once) and installs tfgc with the CPU TensorFlow build, its
+# compiled custom ops, and everything the demo and the tests need. Safe to
+# run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -8,7 +9,12 @@ if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv"
   "$PYTHON" -m venv .venv
 fi
-echo "[setup] installing tfgc[cpu,demo,test] into .venv (first time: ~1 min)"
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet -e ".[cpu,demo,test]"
-echo "[setup] done"
+pip=(.venv/bin/python -m pip install --quiet)
+echo "[setup] installing TensorFlow and tfgc[cpu,demo,test] (first time: ~2 min)"
+"${pip[@]}" --upgrade pip "setuptools>=68" wheel
+# The custom ops are compiled against the installed TensorFlow, so it goes
+# in first (same window as setup.py's `cpu` extra) and tfgc is built
+# without build isolation.
+"${pip[@]}" "tensorflow-cpu>=2.21,<2.22"
+"${pip[@]}" --no-build-isolation -e ".[cpu,demo,test]"
+.venv/bin/python -c "import tfgc; print('[setup] done; compiled custom ops in use:', tfgc.ops.using_custom_ops())"

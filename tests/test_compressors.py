@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tfgc import compressors
+from tfgc import compressors, ops
 from tfgc.compressors.base import ALL_GATHER, payload_nbytes
 
 ALL = {
@@ -130,6 +130,17 @@ def test_topk_selects_largest_magnitudes():
     assert sorted(payloads[0].indices.numpy()) == [1, 3, 6]
     np.testing.assert_array_equal(
         total.numpy(), [0, -5, 0, 4, 0, 0, 3, 0, 0, 0]
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_top_k_abs_selects_what_tf_top_k_selects(dtype):
+    x = _random((5000,), dtype, seed=3)
+    values, indices = ops.top_k_abs(x, 50)
+    _, expected = tf.math.top_k(tf.abs(tf.cast(x, tf.float32)), k=50)
+    assert set(indices.numpy()) == set(expected.numpy())
+    np.testing.assert_array_equal(
+        values.numpy(), tf.gather(x, indices).numpy()
     )
 
 

@@ -183,8 +183,9 @@ def test_mstopk_seed_determinism(backend):
         for s in range(6)
     }
     for s in range(6):
-        assert tfgc.ops.top_k_sample(x, 10, seed=s)[1].numpy().tolist() == (
-            runs[s]
+        assert (
+            tfgc.ops.top_k_sample(x, 10, seed=s)[1].numpy().tolist()
+            == (runs[s])
         )
     assert len({tuple(v) for v in runs.values()}) > 1
 
@@ -217,7 +218,7 @@ def test_recall(backend, dist, density):
     del backend
     n = 200_000
     rng = np.random.default_rng(7)
-    x = (rng.standard_normal(n) if dist == "gaussian" else rng.laplace(size=n))
+    x = rng.standard_normal(n) if dist == "gaussian" else rng.laplace(size=n)
     x = tf.constant(x.astype(np.float32))
     k = int(np.ceil(density * n))
     true = set(np.argsort(-np.abs(x.numpy()))[:k].tolist())
@@ -379,4 +380,27 @@ def test_ten_million(backend, mode):
     k = n // 1000
     v, i = tfgc.ops.top_k_sample(x, k, mode=mode, seed=2)
     check_selection(x, v, i, k, mode)
-    np.testing.assert_array_equal(i.numpy(), np_select(x.numpy(), k, mode, 20, 2))
+    np.testing.assert_array_equal(
+        i.numpy(), np_select(x.numpy(), k, mode, 20, 2)
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("data", ["gaussian", "laplace", "ties"])
+def test_large_inputs_match_numpy(backend, mode, data):
+    """Inputs above 256 Ki elements take the sampled-prediction path."""
+    del backend
+    n = 1 << 20
+    rng = np.random.default_rng(11)
+    if data == "gaussian":
+        x = rng.standard_normal(n)
+    elif data == "laplace":
+        x = rng.laplace(size=n)
+    else:
+        x = np.round(rng.standard_normal(n) * 2)
+    x = x.astype(np.float32)
+    for k in [1, 700, 1049, 10_000, 300_000]:
+        _, i = tfgc.ops.top_k_sample(tf.constant(x), k, mode=mode, seed=k)
+        np.testing.assert_array_equal(
+            i.numpy(), np_select(x, k, mode, seed=k), err_msg=f"k={k}"
+        )

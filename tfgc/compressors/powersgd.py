@@ -39,8 +39,9 @@ class PowerSGD(base.Compressor):
     Compression for Distributed Optimization" (NeurIPS 2019). A tensor is
     viewed as a matrix M of shape (prod(shape[:-1]), shape[-1]) (Keras puts
     the output axis last; the paper's PyTorch view is the transpose, with
-    the same factors) with rank r = min(rank, rows, cols). Each step: P = M Q; all-reduce P;
-    P = orth(P) (reduced QR); Q = M^T P; all-reduce Q; the update is P Q^T.
+    the same factors) with rank r = min(rank, rows, cols). Each step:
+    P = M Q; all-reduce P; P = orth(P) (reduced QR); Q = M^T P; all-reduce
+    Q; the update is P Q^T.
     Two dependent all-reduces per step, as in the paper. Q persists as warm
     start and starts from the same seeded normal draw on every worker.
     Tensors with fewer than 2 dimensions, or where the factors would not be

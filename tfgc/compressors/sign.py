@@ -52,9 +52,10 @@ class SignSGD(base.Compressor):
     def decompress(self, reduced, ctx):
         shape, dtype, state = ctx
         n = base.num_elements(shape)
-        positive = ops.unpack_bits(reduced.bits, n)  # [p, n]
-        signs = tf.where(positive, 1.0, -1.0)
-        total = tf.reduce_sum(signs * reduced.scale, axis=0)
+        # One fused pass over all workers' bits: sum_i scale_i * sign_i.
+        total = ops.unpack_bits_sum(
+            reduced.bits, tf.reshape(reduced.scale, [-1]), n
+        )
         return tf.reshape(tf.cast(total, dtype), shape), state
 
     def local_estimate(self, payload, ctx):

@@ -14,10 +14,23 @@ from tfgc.ops.bits import (
     unpack_bits_sum,
     unpack_bits_vote,
 )
-from tfgc.ops.top_k_sample import top_k_sample
+from tfgc.ops.golomb import (
+    golomb_decode,
+    golomb_encode,
+    golomb_expected_bits_per_position,
+    golomb_optimal_b,
+)
+from tfgc.ops.golomb import max_encoded_bytes as golomb_max_encoded_bytes
+from tfgc.ops.top_k_sample import top_k_abs, top_k_sample
 
 __all__ = [
+    "golomb_decode",
+    "golomb_encode",
+    "golomb_expected_bits_per_position",
+    "golomb_max_encoded_bytes",
+    "golomb_optimal_b",
     "pack_bits",
+    "top_k_abs",
     "top_k_sample",
     "unpack_bits",
     "unpack_bits_sum",

@@ -18,14 +18,6 @@ import tensorflow as tf
 
 DISABLE_ENV = "TFGC_DISABLE_CUSTOM_OPS"
 LIBRARY_PATH = os.path.join(os.path.dirname(__file__), "_tfgc_ops.so")
-_OP_TYPES = (
-    "Tfgc>TopKSample",
-    "Tfgc>TopKSampleWithResidual",
-    "Tfgc>PackBits",
-    "Tfgc>UnpackBits",
-    "Tfgc>UnpackBitsSum",
-    "Tfgc>UnpackBitsVote",
-)
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"tried": False, "module": None, "error": None}
@@ -61,8 +53,7 @@ def _load() -> types.ModuleType | None:
                     "`python -m custom_ops.build`."
                 )
             else:
-                for op_type in _OP_TYPES:
-                    tf.no_gradient(op_type)
+                _register_no_gradients(module)
                 _state["module"] = module
                 return module
         warnings.warn(
@@ -73,6 +64,18 @@ def _load() -> types.ModuleType | None:
             stacklevel=3,
         )
         return None
+
+
+def _register_no_gradients(module: types.ModuleType) -> None:
+    """Marks every op of the library as not differentiable (idempotent)."""
+    # The generated module exposes each op `Tfgc>Name` as `Tfgc_Name`.
+    for attr in dir(module):
+        if not attr.startswith("Tfgc_"):
+            continue
+        try:
+            tf.no_gradient("Tfgc>" + attr[len("Tfgc_") :])
+        except KeyError:  # already registered, e.g. by another module
+            pass
 
 
 def custom_ops() -> types.ModuleType | None:

@@ -27,8 +27,9 @@ Modes:
   accepted, the threshold with the smallest count above k (size may reach
   2k or more with ties); if no count ever exceeded k, the exact top-k.
 * "trimmed" (RedSync's trimmed top-k): the candidates are the keys above
-  the highest of thr(0.8), thr(0.6), ..., thr(0) that more than k keys
-  exceed; the exact top-k among them, which equals the exact top-k of x.
+  the highest of thr(0.8), thr(0.6), ..., thr(0) that at least k keys
+  exceed (all keys if none); the exact top-k among them, which equals the
+  exact top-k of x.
   Ties go to the lower index. Exactly k.
 
 Indices are int32 and increasing; values are x[indices] in x's dtype.
@@ -284,3 +285,26 @@ def top_k_sample_reference(
         flat, indices[:, None], tf.zeros_like(values)
     )
     return values, indices, tf.reshape(new_residual, tf.shape(x))
+
+
+def top_k_abs(x: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """Exact top-k of the flattened `x` by magnitude: (values, indices).
+
+    Runs the compiled `TopKSample` in "trimmed" mode when the library is
+    loaded (several times faster than `tf.math.top_k` on CPU; see
+    benchmarks/results/ops_cpu.md), and `tf.math.top_k` over |x| otherwise
+    (faster than the pure-TF trimmed reference). Both select the same set;
+    the order of the result may differ.
+
+    Args:
+        x: floating tensor of any shape.
+        k: number of elements, in [0, x.size].
+
+    Returns:
+        values (x's dtype) and int32 indices into the flattened `x`, [k] each.
+    """
+    flat = tf.reshape(x, [-1])
+    if _library.custom_ops() is not None and flat.dtype in _FLOAT_DTYPES:
+        return top_k_sample(flat, k, mode="trimmed")
+    _, indices = tf.math.top_k(tf.abs(flat), k=k, sorted=False)
+    return tf.gather(flat, indices), indices

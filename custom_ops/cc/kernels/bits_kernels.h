@@ -43,16 +43,15 @@ inline uint32_t PackWord(const uint8_t* bits, int count) {
 namespace gpu {
 
 // CUDA launchers (bits_kernels.cu.cc). Device pointers; `stream` is a
-// cudaStream_t. Return a cudaError_t value (0 is success).
+// cudaStream_t; `dtype` 0/1/2 = float/half/bfloat16 (as gpu::DType of
+// top_k_sample_kernels.h). Return a cudaError_t value (0 is success).
 int PackBits(const bool* mask, int64_t n, int32_t* words, void* stream);
 int UnpackBits(const int32_t* words, int64_t rows, int64_t n, bool* mask,
                void* stream);
-template <typename T>
-int UnpackBitsSum(const int32_t* words, const T* scales, int64_t p, int64_t n,
-                  T* out, void* stream);
-template <typename T>
-int UnpackBitsVote(const int32_t* words, int64_t p, int64_t n, T* out,
-                   void* stream);
+int UnpackBitsSum(int dtype, const int32_t* words, const void* scales,
+                  int64_t p, int64_t n, void* out, void* stream);
+int UnpackBitsVote(int dtype, const int32_t* words, int64_t p, int64_t n,
+                   void* out, void* stream);
 
 }  // namespace gpu
 }  // namespace tfgc

@@ -206,27 +206,31 @@ constexpr float kTrimmedRatios[kTrimmedSteps] = {0.8f, 0.6f, 0.4f, 0.2f,
 // ---------------------------------------------------------------------------
 namespace gpu {
 
-// Bytes of device scratch the launchers need for `n` elements.
+// Element types of the launchers (the TF glue passes Eigen::half and
+// Eigen::bfloat16 buffers, bit-compatible with __half and __nv_bfloat16).
+enum class DType : int { kFloat = 0, kHalf = 1, kBfloat16 = 2 };
+
+// Bytes of device scratch the launchers need for `n` elements on the
+// current device.
 int64_t TopKSampleScratchBytes(int64_t n);
 
-// Computes acc = gradient + residual into `acc` (may alias `residual`).
-template <typename T>
-int AddResidual(const T* gradient, const T* residual, T* acc, int64_t n,
-                void* stream);
+// acc = gradient + residual (rounded to the element type); `acc` may alias
+// `residual`. Returns a cudaError_t value (0 is success).
+int AddResidual(DType dtype, const void* gradient, const void* residual,
+                void* acc, int64_t n, void* stream);
 
-// Runs the statistics and the bisection (synchronising with the host) and
-// fills `plan`. Returns a cudaError_t value (0 is success).
-template <typename T>
-int TopKSamplePlan(const T* x, int64_t n, int64_t k, TopKSampleMode mode,
-                   int rounds, int64_t seed, void* scratch, void* stream,
-                   SelectionPlan* plan);
+// Statistics and bisection (synchronising with the host; 0 < k <= n);
+// fills `plan`. Returns a cudaError_t value.
+int TopKSamplePlan(DType dtype, const void* x, int64_t n, int64_t k,
+                   TopKSampleMode mode, int rounds, int64_t seed,
+                   void* scratch, void* stream, SelectionPlan* plan);
 
-// Writes plan.output_size values and indices (in index order); when
-// `zero_selected` is not null, also zeroes those positions there.
-template <typename T>
-int TopKSampleWrite(const T* x, int64_t n, const SelectionPlan& plan,
-                    T* values, int32_t* indices, T* zero_selected,
-                    void* scratch, void* stream);
+// Writes plan.output_size values and int32 indices in index order; when
+// `zero_selected` is not null, also zeroes those positions there (it may be
+// `x` itself). Returns a cudaError_t value.
+int TopKSampleWrite(DType dtype, const void* x, int64_t n,
+                    const SelectionPlan& plan, void* values, int32_t* indices,
+                    void* zero_selected, void* scratch, void* stream);
 
 }  // namespace gpu
 }  // namespace tfgc

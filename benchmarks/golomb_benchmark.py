@@ -1,0 +1,203 @@
+"""Benchmarks tfgc's Golomb-Rice position coding (SBC) on CPU.
+
+For each N and density q: `tfgc.ops.golomb_encode` / `golomb_decode`
+(compiled ops) and their pure-TF references on k = round(q * N) uniformly
+random sorted positions, as throughput in positions per second and in
+elements of the dense tensor (N) per second, and the measured bits per
+position against the formula b* + 1 / (1 - (1 - q)^(2^b*)) of
+ALGORITHMS.md section 2 (goal: within 0.1 bit). Writes
+`benchmarks/results/golomb_cpu.md` and `.json`.
+
+    python benchmarks/golomb_benchmark.py                  # 1M, 25M
+    python benchmarks/golomb_benchmark.py --sizes 1e6 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from tfgc.ops import _library, golomb
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def timeit(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall time in milliseconds of fn() after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        out.numpy()  # eager ops are synchronous; be explicit
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def bench(
+    n: int, q: float, repeats: int, reference_max_n: int, seed: int
+) -> dict:
+    k = round(q * n)
+    rng = np.random.default_rng(seed)
+    idx = tf.constant(np.sort(rng.choice(n, k, replace=False)).astype(np.int32))
+    b = golomb.golomb_optimal_b(k, n)
+    encoded, num_bits = golomb.golomb_encode(idx, n)
+    decoded = golomb.golomb_decode(encoded, k, b, n)
+    assert np.array_equal(decoded.numpy(), idx.numpy())
+    r = {
+        "n": n,
+        "q": q,
+        "k": k,
+        "b": b,
+        "bytes": int(encoded.shape[0]),
+        "bits_per_position": int(num_bits) / k,
+        "formula": golomb.golomb_expected_bits_per_position(k, n),
+        "encode_ms": timeit(lambda: golomb.golomb_encode(idx, n, b), repeats),
+        "decode_ms": timeit(
+            lambda: golomb.golomb_decode(encoded, k, b, n), repeats
+        ),
+    }
+    lib = _library.custom_ops()
+    if lib is not None:  # the kernels alone, without the Python wrapper
+        n_t, b_t, k_t = tf.constant(n, tf.int64), tf.constant(b), tf.constant(k)
+        r["op_encode_ms"] = timeit(
+            lambda: lib.tfgc_golomb_encode(idx, n_t, b_t), repeats
+        )
+        r["op_decode_ms"] = timeit(
+            lambda: lib.tfgc_golomb_decode(encoded, k_t, b_t, n_t), repeats
+        )
+    if n <= reference_max_n:
+        ref_repeats = max(1, repeats // 3)
+        r["ref_encode_ms"] = timeit(
+            lambda: golomb.golomb_encode_reference(idx, n, b), ref_repeats
+        )
+        r["ref_decode_ms"] = timeit(
+            lambda: golomb.golomb_decode_reference(encoded, k, b, n),
+            ref_repeats,
+        )
+        ref, _ = golomb.golomb_encode_reference(idx, n, b)
+        assert np.array_equal(ref.numpy(), encoded.numpy())
+    return r
+
+
+def _rate(count: int, ms: float) -> str:
+    return f"{count / (ms * 1e-3):.3g}"
+
+
+def to_markdown(meta: dict, rows: list[dict]) -> str:
+    out = [
+        "# tfgc Golomb-Rice position coding on CPU",
+        "",
+        f"Machine: {meta['machine']}; TensorFlow {meta['tensorflow']}; "
+        f"intra-op threads {meta['intra_op_threads']}; custom ops loaded: "
+        f"{meta['custom_ops']}. k = round(q N) uniformly random sorted int32 "
+        f"positions, b = b*. Median of {meta['repeats']} eager calls after "
+        "a warm-up (the pure-TF reference: a third as many). 1-minute load "
+        f"average {meta['load_average_before']:.1f} before, "
+        f"{meta['load_average_after']:.1f} after (other work on the "
+        "machine inflates the times).",
+        "",
+        "## Bits per position",
+        "",
+        "| N | q | k | b* | bytes | measured bits/pos | formula | "
+        "measured - formula |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        diff = r["bits_per_position"] - r["formula"]
+        out.append(
+            f"| {r['n']:,} | {r['q']} | {r['k']:,} | {r['b']} | "
+            f"{r['bytes']:,} | {r['bits_per_position']:.3f} | "
+            f"{r['formula']:.3f} | {diff:+.3f} |"
+        )
+    out += [
+        "",
+        "## Throughput",
+        "",
+        "Positions/s counts coded positions (k); elements/s counts the "
+        "dense tensor's N elements that the k positions index. encode and "
+        "decode time `tfgc.ops.golomb_encode` / `golomb_decode` (Python "
+        "wrapper included); op-only calls the compiled ops directly with "
+        "prepared tensors; at small k both are dominated by eager dispatch.",
+        "",
+        "| N | q | encode ms | encode positions/s | encode elements/s | "
+        "decode ms | decode positions/s | decode elements/s | "
+        "op-only encode / decode ms | pure-TF encode ms | "
+        "pure-TF decode ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        enc, dec = r["encode_ms"], r["decode_ms"]
+        ref_e = r.get("ref_encode_ms")
+        ref_d = r.get("ref_decode_ms")
+        op = (
+            f"{r['op_encode_ms']:.3f} / {r['op_decode_ms']:.3f}"
+            if "op_encode_ms" in r
+            else "-"
+        )
+        out.append(
+            f"| {r['n']:,} | {r['q']} | {enc:.3f} | {_rate(r['k'], enc)} | "
+            f"{_rate(r['n'], enc)} | {dec:.3f} | {_rate(r['k'], dec)} | "
+            f"{_rate(r['n'], dec)} | {op} | "
+            f"{'-' if ref_e is None else f'{ref_e:.1f}'} | "
+            f"{'-' if ref_d is None else f'{ref_d:.1f}'} |"
+        )
+    out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1e6,25e6")
+    parser.add_argument("--densities", default="0.01,0.001")
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument(
+        "--reference-max-n",
+        type=float,
+        default=25e6,
+        help="largest N for which the pure-TF references are timed",
+    )
+    parser.add_argument("--output", default=os.path.join(RESULTS, "golomb_cpu"))
+    args = parser.parse_args(argv)
+    if not _library.using_custom_ops():
+        print("warning: custom ops not loaded; timing the references")
+    sizes = [int(float(s)) for s in args.sizes.split(",") if s]
+    densities = [float(d) for d in args.densities.split(",") if d]
+    threads = tf.config.threading.get_intra_op_parallelism_threads()
+    meta = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "tensorflow": tf.__version__,
+        "intra_op_threads": threads or os.cpu_count(),
+        "custom_ops": _library.using_custom_ops(),
+        "repeats": args.repeats,
+        "unit": "ms (median)",
+        "load_average_before": os.getloadavg()[0],
+    }
+    rows = []
+    for n in sizes:
+        for q in densities:
+            r = bench(n, q, args.repeats, int(args.reference_max_n), seed=n)
+            print(r, flush=True)
+            rows.append(r)
+    meta["load_average_after"] = os.getloadavg()[0]
+    os.makedirs(os.path.dirname(args.output), exist_ok=True)
+    with open(args.output + ".json", "w") as f:
+        json.dump({"meta": meta, "golomb": rows}, f, indent=1)
+    with open(args.output + ".md", "w") as f:
+        f.write(to_markdown(meta, rows))
+    print(f"wrote {args.output}.md and .json")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+// Copyright 2026 The tfgc Authors.
+//
+// CUDA kernels of the bit-packing ops. No TensorFlow header: the TF glue
+// (bits_kernels.cc, GOOGLE_CUDA) and custom_ops/cuda_harness/ link it as is.
+// PackBits builds each word with one warp ballot (32 coalesced byte reads);
+// the unpack kernels give one thread per output element. Grids come from the
+// device's multiprocessor count and maximum grid size.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "custom_ops/cc/kernels/bits_kernels.h"
+
+namespace tfgc {
+namespace gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+int Grid(int64_t work) {
+  int dev = 0, sms = 1, max_grid = 65535;
+  if (cudaGetDevice(&dev) == cudaSuccess) {
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, dev);
+  }
+  const int64_t want = (work + kThreads - 1) / kThreads;
+  const int64_t cap = std::min<int64_t>(int64_t{std::max(sms, 1)} * 16,
+                                        std::max(max_grid, 1));
+  return static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
+}
+
+__global__ void PackKernel(const bool* mask, int64_t n, int32_t* words) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int64_t warps = int64_t{gridDim.x} * blockDim.x / 32;
+  for (int64_t start = warp * 32; start < n; start += warps * 32) {
+    const int64_t i = start + lane;
+    const bool bit = i < n && mask[i];
+    const unsigned word = __ballot_sync(0xffffffffu, bit);
+    if (lane == 0) words[start / 32] = static_cast<int32_t>(word);
+  }
+}
+
+__global__ void UnpackKernel(const int32_t* words, int64_t rows, int64_t n,
+                             bool* mask) {
+  const int64_t w = (n + 31) / 32;
+  const int64_t total = rows * n;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = e / n, col = e - row * n;
+    const uint32_t word = static_cast<uint32_t>(words[row * w + col / 32]);
+    mask[e] = (word >> (col % 32)) & 1u;
+  }
+}
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ void Store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void Store(__half* p, float v) {
+  *p = __float2half_rn(v);
+}
+__device__ __forceinline__ void Store(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16_rn(v);
+}
+
+template <typename T, bool kVote>
+__global__ void ReduceKernel(const int32_t* words, const T* scales,
+                             int64_t p, int64_t n, T* out) {
+  const int64_t w = (n + 31) / 32;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = e / 32;
+    const int bit = static_cast<int>(e % 32);
+    float acc = 0.0f;
+    int64_t votes = 0;
+    for (int64_t i = 0; i < p; ++i) {
+      const bool set = (static_cast<uint32_t>(words[i * w + j]) >> bit) & 1u;
+      if (kVote) {
+        votes += set;
+      } else {
+        const float s = ToFloat(scales[i]);
+        acc += set ? s : -s;
+      }
+    }
+    Store(out + e, kVote ? (2 * votes >= p ? 1.0f : -1.0f) : acc);
+  }
+}
+
+template <bool kVote>
+int Reduce(int dtype, const int32_t* words, const void* scales, int64_t p,
+           int64_t n, void* out, void* stream) {
+  if (n == 0) return 0;
+  auto s = static_cast<cudaStream_t>(stream);
+  const int grid = Grid(n);
+  switch (dtype) {
+    case 0:
+      ReduceKernel<float, kVote><<<grid, kThreads, 0, s>>>(
+          words, static_cast<const float*>(scales), p, n,
+          static_cast<float*>(out));
+      break;
+    case 1:
+      ReduceKernel<__half, kVote><<<grid, kThreads, 0, s>>>(
+          words, static_cast<const __half*>(scales), p, n,
+          static_cast<__half*>(out));
+      break;
+    case 2:
+      ReduceKernel<__nv_bfloat16, kVote><<<grid, kThreads, 0, s>>>(
+          words, static_cast<const __nv_bfloat16*>(scales), p, n,
+          static_cast<__nv_bfloat16*>(out));
+      break;
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int PackBits(const bool* mask, int64_t n, int32_t* words, void* stream) {
+  if (n == 0) return 0;
+  PackKernel<<<Grid(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      mask, n, words);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int UnpackBits(const int32_t* words, int64_t rows, int64_t n, bool* mask,
+               void* stream) {
+  if (rows * n == 0) return 0;
+  UnpackKernel<<<Grid(rows * n), kThreads, 0,
+                 static_cast<cudaStream_t>(stream)>>>(words, rows, n, mask);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int UnpackBitsSum(int dtype, const int32_t* words, const void* scales,
+                  int64_t p, int64_t n, void* out, void* stream) {
+  return Reduce<false>(dtype, words, scales, p, n, out, stream);
+}
+
+int UnpackBitsVote(int dtype, const int32_t* words, int64_t p, int64_t n,
+                   void* out, void* stream) {
+  return Reduce<true>(dtype, words, nullptr, p, n, out, stream);
+}
+
+}  // namespace gpu
+}  // namespace tfgc

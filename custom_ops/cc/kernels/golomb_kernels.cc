@@ -1,0 +1,282 @@
+// Copyright 2026 The tfgc Authors.
+//
+// CPU kernels of Tfgc>GolombEncode and Tfgc>GolombDecode (format in
+// golomb_kernels.h). Encoding validates and sizes the codes of blocks of
+// positions in parallel on the intra-op pool, then writes the blocks in
+// parallel from their prefix-summed bit offsets; decoding is sequential.
+
+#define EIGEN_USE_THREADS
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "custom_ops/cc/kernels/golomb_kernels.h"
+#include "custom_ops/cc/kernels/parallel.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
+
+namespace tfgc {
+namespace {
+
+using tensorflow::DEVICE_CPU;
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+using tensorflow::TensorShapeUtils;
+
+// Positions per block of the parallel encoder.
+constexpr int64_t kMinEncodeBlock = int64_t{1} << 15;
+// Largest stream the encoder writes (4 GiB); a larger one means b is far
+// too small for the gaps.
+constexpr int64_t kMaxEncodedBits = int64_t{1} << 35;
+// Decoded positions are int32.
+constexpr int64_t kInt32Limit =
+    static_cast<int64_t>(std::numeric_limits<int32_t>::max()) + 1;
+
+absl::Status CheckScalar(const Tensor& t, const char* name) {
+  if (!TensorShapeUtils::IsScalar(t.shape())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`", name, "` must be a scalar. Received: shape=",
+                     t.shape().DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckB(const Tensor& t, int* b) {
+  TF_RETURN_IF_ERROR(CheckScalar(t, "b"));
+  const int32_t v = t.scalar<int32_t>()();
+  if (v < 0 || v > golomb::kMaxB) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`b` must be in [0, ", golomb::kMaxB, "]. Received: b=", v));
+  }
+  *b = v;
+  return absl::OkStatus();
+}
+
+// Why indices[j] is invalid (out of range, or not above indices[j - 1]).
+template <typename T>
+absl::Status IndexError(const T* idx, int64_t j, int64_t n) {
+  const int64_t cur = static_cast<int64_t>(idx[j]);
+  if (cur < 0 || cur >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`indices` must be in [0, n). Received: indices[", j,
+                     "]=", cur, " with n=", n));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "`indices` must be strictly increasing (sorted, no duplicates). "
+      "Received: indices[",
+      j - 1, "]=", static_cast<int64_t>(idx[j - 1]), ", indices[", j,
+      "]=", cur));
+}
+
+template <typename T>
+class GolombEncodeOp : public OpKernel {
+ public:
+  explicit GolombEncodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& indices = ctx->input(0);
+    const Tensor& n_t = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(indices.shape()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`indices` must be a vector. Received: shape=",
+                    indices.shape().DebugString())));
+    OP_REQUIRES_OK(ctx, CheckScalar(n_t, "n"));
+    const int64_t n = n_t.scalar<int64_t>()();
+    OP_REQUIRES(ctx, n >= 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`n` must be non-negative. Received: n=", n)));
+    int b;
+    OP_REQUIRES_OK(ctx, CheckB(ctx->input(2), &b));
+    const int64_t k = indices.NumElements();
+    const T* idx = indices.flat<T>().data();
+
+    // Pass 1: validate and count the bits of each block.
+    const Blocks blocks(k, NumThreads(ctx), kMinEncodeBlock);
+    const int64_t num_blocks = blocks.count();
+    std::vector<uint64_t> block_bits(num_blocks, 0);
+    std::vector<int64_t> first_bad(num_blocks, -1);
+    ForEachBlock(ctx, blocks, [&](int64_t blk) {
+      uint64_t bits = 0;
+      const int64_t end = blocks.end(blk);
+      for (int64_t j = blocks.begin(blk); j < end; ++j) {
+        const int64_t prev = j == 0 ? -1 : static_cast<int64_t>(idx[j - 1]);
+        const int64_t cur = static_cast<int64_t>(idx[j]);
+        if (cur <= prev || cur >= n) {
+          first_bad[blk] = j;
+          return;
+        }
+        bits += golomb::CodeBits(static_cast<uint64_t>(cur - prev - 1), b);
+      }
+      block_bits[blk] = bits;
+    });
+    for (int64_t blk = 0; blk < num_blocks; ++blk) {
+      if (first_bad[blk] >= 0) {
+        OP_REQUIRES_OK(ctx, IndexError(idx, first_bad[blk], n));
+      }
+    }
+    std::vector<int64_t> offsets(num_blocks + 1, 0);
+    for (int64_t blk = 0; blk < num_blocks; ++blk) {
+      const uint64_t next = static_cast<uint64_t>(offsets[blk]) +
+                            block_bits[blk];
+      OP_REQUIRES(
+          ctx, next <= static_cast<uint64_t>(kMaxEncodedBits),
+          absl::InvalidArgumentError(absl::StrCat(
+              "The Golomb stream of k=", k, " positions in n=", n,
+              " with b=", b, " would exceed ", kMaxEncodedBits,
+              " bits; use a larger `b` (golomb_optimal_b(k, n))")));
+      offsets[blk + 1] = static_cast<int64_t>(next);
+    }
+    const int64_t total_bits = offsets[num_blocks];
+    const int64_t num_bytes = (total_bits + 7) / 8;
+
+    Tensor* encoded = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_bytes}),
+                                             &encoded));
+    Tensor* num_bits = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &num_bits));
+    num_bits->scalar<int64_t>()() = total_bits;
+    if (num_bytes == 0) return;
+    uint8_t* out = encoded->flat<uint8_t>().data();
+
+    // Pass 2: every block writes its own bytes; the byte a block shares
+    // with the one before goes to heads[blk] and is OR-ed in afterwards.
+    if (num_blocks > 1) std::memset(out, 0, num_bytes);
+    std::vector<uint8_t> heads(num_blocks, 0);
+    ForEachBlock(ctx, blocks, [&](int64_t blk) {
+      const int64_t offset = offsets[blk];
+      const int64_t shared = (blk > 0 && (offset & 7) != 0) ? offset >> 3 : -1;
+      golomb::BitWriter writer(out, offset, shared, &heads[blk]);
+      const int64_t end = blocks.end(blk);
+      for (int64_t j = blocks.begin(blk); j < end; ++j) {
+        const int64_t prev = j == 0 ? -1 : static_cast<int64_t>(idx[j - 1]);
+        const int64_t cur = static_cast<int64_t>(idx[j]);
+        writer.PutCode(static_cast<uint64_t>(cur - prev - 1), b);
+      }
+      writer.Flush();
+    });
+    for (int64_t blk = 1; blk < num_blocks; ++blk) {
+      if ((offsets[blk] & 7) != 0) out[offsets[blk] >> 3] |= heads[blk];
+    }
+  }
+};
+
+template <typename Tk>
+class GolombDecodeOp : public OpKernel {
+ public:
+  explicit GolombDecodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& encoded = ctx->input(0);
+    const Tensor& k_t = ctx->input(1);
+    const Tensor& n_t = ctx->input(3);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(encoded.shape()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`encoded` must be a vector of bytes. Received: shape=",
+                    encoded.shape().DebugString())));
+    OP_REQUIRES_OK(ctx, CheckScalar(k_t, "k"));
+    OP_REQUIRES_OK(ctx, CheckScalar(n_t, "n"));
+    const int64_t k = static_cast<int64_t>(k_t.scalar<Tk>()());
+    OP_REQUIRES(ctx, k >= 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`k` must be non-negative. Received: k=", k)));
+    int b;
+    OP_REQUIRES_OK(ctx, CheckB(ctx->input(2), &b));
+    const int64_t n = n_t.scalar<int64_t>()();
+    // Positions must be < limit: n when given (n >= 0), and int32.
+    const int64_t limit = n >= 0 ? std::min(n, kInt32Limit) : kInt32Limit;
+
+    golomb::BitReader reader(encoded.flat<uint8_t>().data(),
+                             encoded.NumElements());
+    const int64_t num_bits = reader.num_bits();
+    // Every code takes at least 1 + b bits.
+    OP_REQUIRES(
+        ctx, k <= num_bits / (1 + b),
+        absl::InvalidArgumentError(absl::StrCat(
+            "`encoded` (", num_bits, " bits) is too short for k=", k,
+            " codes of at least 1 + b=", 1 + b,
+            " bits: the stream is truncated or was encoded with another k "
+            "or b")));
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &out_t));
+    int32_t* out = out_t->flat<int32_t>().data();
+    const uint64_t r_mask = (uint64_t{1} << b) - 1;
+    const uint64_t max_q = static_cast<uint64_t>(limit) >> b;
+    int64_t prev = -1;
+    for (int64_t j = 0; j < k; ++j) {
+      uint64_t q = 0;
+      uint64_t r = 0;
+      uint64_t w = reader.Peek();
+      int ones = golomb::LeadingOnes(w);
+      if (ones + 1 + b <= 63) {
+        // The whole code is in the window.
+        q = ones;
+        r = (w >> (63 - ones - b)) & r_mask;
+        reader.Skip(ones + 1 + b);
+      } else {
+        while (ones == 64 && reader.pos() < num_bits) {
+          q += 64;
+          reader.Skip(64);
+          w = reader.Peek();
+          ones = golomb::LeadingOnes(w);
+        }
+        q += ones;
+        reader.Skip(ones + 1);
+        if (b > 0) r = reader.Peek() >> (64 - b);
+        reader.Skip(b);
+      }
+      OP_REQUIRES(
+          ctx, reader.pos() <= num_bits,
+          absl::InvalidArgumentError(absl::StrCat(
+              "`encoded` (", num_bits, " bits) ends inside the code of "
+              "position ", j, " of k=", k, " with b=", b,
+              ": the stream is truncated or was encoded with another k or "
+              "b")));
+      OP_REQUIRES(
+          ctx, q <= max_q,
+          absl::InvalidArgumentError(absl::StrCat(
+              "Decoded position ", j, " of k=", k, " is at least ",
+              prev + 1 + static_cast<int64_t>(std::min(q, max_q + 1) << b),
+              ", outside [0, ", limit, ") (n=", n,
+              ", int32 positions); wrong b=", b, " or corrupt stream")));
+      const int64_t pos = prev + 1 + static_cast<int64_t>((q << b) | r);
+      OP_REQUIRES(
+          ctx, pos < limit,
+          absl::InvalidArgumentError(absl::StrCat(
+              "Decoded position ", j, " of k=", k, " is ", pos,
+              ", outside [0, ", limit, ") (n=", n,
+              ", int32 positions); wrong b=", b, " or corrupt stream")));
+      out[j] = static_cast<int32_t>(pos);
+      prev = pos;
+    }
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombEncode")
+                            .Device(DEVICE_CPU)
+                            .TypeConstraint<int32_t>("T"),
+                        GolombEncodeOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombEncode")
+                            .Device(DEVICE_CPU)
+                            .TypeConstraint<int64_t>("T"),
+                        GolombEncodeOp<int64_t>);
+REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombDecode")
+                            .Device(DEVICE_CPU)
+                            .TypeConstraint<int32_t>("Tk"),
+                        GolombDecodeOp<int32_t>);
+REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombDecode")
+                            .Device(DEVICE_CPU)
+                            .TypeConstraint<int64_t>("Tk"),
+                        GolombDecodeOp<int64_t>);
+
+}  // namespace
+}  // namespace tfgc

@@ -1,0 +1,528 @@
+// Copyright 2026 The tfgc Authors.
+//
+// CUDA kernels of TopKSample. This file includes no TensorFlow header: the
+// TF glue (top_k_sample_kernels.cc, GOOGLE_CUDA) and the standalone harness
+// (custom_ops/cuda_harness/) both link it as is.
+//
+// Plan: statistics in one pass (per-block partials combined on the host in
+// block order, so the mean is deterministic), then one counting pass per
+// bisection round (a device-wide atomic count copied back to the host), then
+// one ordered write: per-tile counts, an exclusive scan on the host, and a
+// kernel that writes every selected element at its rank. Trimmed top-k (and
+// the threshold search's exact fallback) finds the k-th largest key with a
+// bisection over its float bit pattern. Grid sizes come from the device's
+// multiprocessor count and maximum grid size.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "custom_ops/cc/kernels/top_k_sample_kernels.h"
+
+namespace tfgc {
+namespace gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kItems = 8;
+constexpr int kTile = kThreads * kItems;
+
+__device__ __forceinline__ float ToFloat(float v) { return v; }
+__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <typename T>
+__device__ __forceinline__ float Key(T v) {
+  const float a = fabsf(ToFloat(v));
+  return isnan(a) ? -1.0f : a;
+}
+
+struct DeviceLimits {
+  int sms = 1;
+  int max_grid = 65535;
+};
+
+DeviceLimits Limits() {
+  DeviceLimits d;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return d;
+  cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaDeviceGetAttribute(&d.max_grid, cudaDevAttrMaxGridDimX, dev);
+  if (d.sms < 1) d.sms = 1;
+  if (d.max_grid < 1) d.max_grid = 65535;
+  return d;
+}
+
+// Grid for a grid-stride loop over n elements: a few blocks per SM.
+int StrideGrid(int64_t n, const DeviceLimits& d) {
+  const int64_t want = (n + kThreads - 1) / kThreads;
+  const int64_t cap = std::min<int64_t>(int64_t{d.sms} * 8, d.max_grid);
+  return static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
+}
+
+int64_t NumTiles(int64_t n) { return (n + kTile - 1) / kTile; }
+
+// Scratch layout (bytes, 16-aligned pieces).
+struct Layout {
+  int64_t stats_blocks;
+  int64_t tiles;
+  int64_t sum_off, max_off, fin_off, count_off, tile_off, total;
+};
+
+int64_t Align(int64_t v) { return (v + 15) / 16 * 16; }
+
+Layout MakeLayout(int64_t n, const DeviceLimits& d) {
+  Layout l;
+  l.stats_blocks = StrideGrid(n, d);
+  l.tiles = std::max<int64_t>(1, NumTiles(n));
+  l.sum_off = 0;
+  l.max_off = Align(l.sum_off + 8 * l.stats_blocks);
+  l.fin_off = Align(l.max_off + 4 * l.stats_blocks);
+  l.count_off = Align(l.fin_off + 8 * l.stats_blocks);
+  l.tile_off = Align(l.count_off + 8);
+  // Per tile: above count, band count (int32), then their exclusive offsets
+  // (int64 each).
+  l.total = Align(l.tile_off + l.tiles * (2 * 4 + 2 * 8));
+  return l;
+}
+
+template <typename V>
+__device__ __forceinline__ V WarpSum(V v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+  }
+  return v;
+}
+
+template <typename T>
+__global__ void AddKernel(const T* g, const T* r, T* acc, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    acc[i] = FromFloat<T>(ToFloat(g[i]) + ToFloat(r[i]));
+  }
+}
+
+template <typename T>
+__global__ void StatsKernel(const T* x, int64_t n, double* sums, float* maxs,
+                            unsigned long long* finites) {
+  double sum = 0.0;
+  float mx = 0.0f;
+  unsigned long long fin = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float a = fabsf(ToFloat(x[i]));
+    if (a <= 3.402823466e38f) {
+      sum += a;
+      mx = fmaxf(mx, a);
+      ++fin;
+    }
+  }
+  __shared__ double s_sum[kThreads / 32];
+  __shared__ float s_max[kThreads / 32];
+  __shared__ unsigned long long s_fin[kThreads / 32];
+  sum = WarpSum(sum);
+  mx = WarpMax(mx);
+  fin = WarpSum(fin);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) {
+    s_sum[warp] = sum;
+    s_max[warp] = mx;
+    s_fin[warp] = fin;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double ts = 0.0;
+    float tm = 0.0f;
+    unsigned long long tf = 0;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      ts += s_sum[w];
+      tm = fmaxf(tm, s_max[w]);
+      tf += s_fin[w];
+    }
+    sums[blockIdx.x] = ts;
+    maxs[blockIdx.x] = tm;
+    finites[blockIdx.x] = tf;
+  }
+}
+
+// count += number of keys >= thr (> thr when strict).
+template <typename T>
+__global__ void CountKernel(const T* x, int64_t n, float thr, bool strict,
+                            unsigned long long* count) {
+  unsigned long long c = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float a = Key(x[i]);
+    c += strict ? (a > thr) : (a >= thr);
+  }
+  c = WarpSum(c);
+  if (threadIdx.x % 32 == 0 && c != 0) atomicAdd(count, c);
+}
+
+struct DevicePlan {
+  bool has_above;
+  bool above_strict;
+  float above;
+  bool has_band_lo;
+  float band_lo;
+  int64_t start;
+  int64_t need;
+};
+
+__device__ __forceinline__ int Classify(const DevicePlan& p, float a) {
+  const bool above =
+      p.has_above && (p.above_strict ? a > p.above : a >= p.above);
+  if (above) return 1;
+  if (!p.has_band_lo || a >= p.band_lo) return 2;
+  return 0;
+}
+
+template <typename T>
+__global__ void TileCountKernel(const T* x, int64_t n, DevicePlan p,
+                                int64_t tiles, int32_t* above_counts,
+                                int32_t* band_counts) {
+  __shared__ int s_a[kThreads / 32], s_b[kThreads / 32];
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    int ca = 0, cb = 0;
+    const int64_t base = tile * kTile;
+    for (int j = 0; j < kItems; ++j) {  // coalesced: stride kThreads
+      const int64_t i = base + j * kThreads + threadIdx.x;
+      if (i < n) {
+        const int c = Classify(p, Key(x[i]));
+        ca += c == 1;
+        cb += c == 2;
+      }
+    }
+    ca = WarpSum(ca);
+    cb = WarpSum(cb);
+    if (threadIdx.x % 32 == 0) {
+      s_a[threadIdx.x / 32] = ca;
+      s_b[threadIdx.x / 32] = cb;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int ta = 0, tb = 0;
+      for (int w = 0; w < kThreads / 32; ++w) {
+        ta += s_a[w];
+        tb += s_b[w];
+      }
+      above_counts[tile] = ta;
+      band_counts[tile] = tb;
+    }
+    __syncthreads();
+  }
+}
+
+// Inclusive block scan of one int per thread; returns the exclusive prefix
+// and the block total.
+__device__ __forceinline__ int BlockExclusiveScan(int v, int* total) {
+  __shared__ int s_warp[kThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int incl = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) s_warp[warp] = incl;
+  __syncthreads();
+  int warp_base = 0, sum = 0;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    if (w < warp) warp_base += s_warp[w];
+    sum += s_warp[w];
+  }
+  __syncthreads();
+  *total = sum;
+  return warp_base + incl - v;
+}
+
+// Writes every selected element of each tile at its output rank. Items are
+// visited in index order: item j of the tile's row-major [kItems, kThreads]
+// layout is element base + j * kThreads + thread, and ranks are scanned per
+// row, so the output stays in index order.
+template <typename T>
+__global__ void WriteKernel(const T* x, int64_t n, DevicePlan p,
+                            int64_t tiles, const int64_t* above_offsets,
+                            const int64_t* band_offsets, T* values,
+                            int32_t* indices, T* zero) {
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    int64_t above_before = above_offsets[tile];
+    int64_t band_before = band_offsets[tile];
+    const int64_t base = tile * kTile;
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t i = base + j * kThreads + threadIdx.x;
+      int c = 0;
+      T v{};
+      if (i < n) {
+        v = x[i];
+        c = Classify(p, Key(v));
+      }
+      int total_a, total_b;
+      const int ea = BlockExclusiveScan(c == 1, &total_a);
+      const int eb = BlockExclusiveScan(c == 2, &total_b);
+      if (c != 0) {
+        const int64_t a_rank = above_before + ea;
+        const int64_t b_rank = band_before + eb;
+        int64_t pos = -1;
+        if (c == 1) {
+          const int64_t sel = b_rank < p.start
+                                  ? 0
+                                  : (b_rank - p.start < p.need
+                                         ? b_rank - p.start
+                                         : p.need);
+          pos = a_rank + sel;
+        } else if (b_rank >= p.start && b_rank < p.start + p.need) {
+          pos = a_rank + (b_rank - p.start);
+        }
+        if (pos >= 0) {
+          values[pos] = v;
+          indices[pos] = static_cast<int32_t>(i);
+          if (zero != nullptr) zero[i] = FromFloat<T>(0.0f);
+        }
+      }
+      above_before += total_a;
+      band_before += total_b;
+    }
+  }
+}
+
+// Runs `body` with the element type of `dtype`.
+template <typename F>
+int Dispatch(DType dtype, F&& body) {
+  switch (dtype) {
+    case DType::kFloat:
+      return body(static_cast<float*>(nullptr));
+    case DType::kHalf:
+      return body(static_cast<__half*>(nullptr));
+    case DType::kBfloat16:
+      return body(static_cast<__nv_bfloat16*>(nullptr));
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
+
+template <typename T>
+class Counter {
+ public:
+  Counter(const T* x, int64_t n, unsigned long long* dev, cudaStream_t s,
+          const DeviceLimits& d)
+      : x_(x), n_(n), dev_(dev), s_(s), grid_(StrideGrid(n, d)) {}
+
+  // Number of keys >= thr (> thr when strict); -1 on a CUDA error.
+  int64_t operator()(float thr, bool strict) {
+    if (cudaMemsetAsync(dev_, 0, sizeof(*dev_), s_) != cudaSuccess) return -1;
+    CountKernel<T><<<grid_, kThreads, 0, s_>>>(x_, n_, thr, strict, dev_);
+    unsigned long long host = 0;
+    if (cudaMemcpyAsync(&host, dev_, sizeof(host), cudaMemcpyDeviceToHost,
+                        s_) != cudaSuccess ||
+        cudaStreamSynchronize(s_) != cudaSuccess) {
+      return -1;
+    }
+    return static_cast<int64_t>(host);
+  }
+
+ private:
+  const T* x_;
+  int64_t n_;
+  unsigned long long* dev_;
+  cudaStream_t s_;
+  int grid_;
+};
+
+// k-th largest key by bisection over the bit pattern of non-negative floats.
+template <typename T>
+int ExactPlanGpu(Counter<T>& count, int64_t k, SelectionPlan* plan) {
+  const int64_t non_nan = count(0.0f, false);
+  if (non_nan < 0) return static_cast<int>(cudaErrorUnknown);
+  if (non_nan < k) {
+    *plan = ExactPlan(-1.0f, non_nan, k);
+    return 0;
+  }
+  uint32_t lo = 0, hi = 0x7f800000u;  // count(>= lo) >= k holds at lo = 0
+  while (lo < hi) {
+    const uint32_t mid = lo + (hi - lo + 1) / 2;
+    float f;
+    memcpy(&f, &mid, sizeof(f));
+    const int64_t c = count(f, false);
+    if (c < 0) return static_cast<int>(cudaErrorUnknown);
+    if (c >= k) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  float v;
+  memcpy(&v, &lo, sizeof(v));
+  const int64_t greater = count(v, true);
+  if (greater < 0) return static_cast<int>(cudaErrorUnknown);
+  *plan = ExactPlan(v, greater, k);
+  return 0;
+}
+
+template <typename T>
+int PlanTyped(const T* x, int64_t n, int64_t k, TopKSampleMode mode,
+              int rounds, int64_t seed, char* scratch, cudaStream_t s,
+              SelectionPlan* plan) {
+  const DeviceLimits d = Limits();
+  const Layout l = MakeLayout(n, d);
+  auto* sums = reinterpret_cast<double*>(scratch + l.sum_off);
+  auto* maxs = reinterpret_cast<float*>(scratch + l.max_off);
+  auto* fins = reinterpret_cast<unsigned long long*>(scratch + l.fin_off);
+  auto* counter =
+      reinterpret_cast<unsigned long long*>(scratch + l.count_off);
+  Counter<T> count(x, n, counter, s, d);
+  if (mode == TopKSampleMode::kTrimmed) return ExactPlanGpu(count, k, plan);
+
+  const int grid = static_cast<int>(l.stats_blocks);
+  StatsKernel<T><<<grid, kThreads, 0, s>>>(x, n, sums, maxs, fins);
+  std::vector<double> h_sum(grid);
+  std::vector<float> h_max(grid);
+  std::vector<unsigned long long> h_fin(grid);
+  cudaMemcpyAsync(h_sum.data(), sums, 8 * grid, cudaMemcpyDeviceToHost, s);
+  cudaMemcpyAsync(h_max.data(), maxs, 4 * grid, cudaMemcpyDeviceToHost, s);
+  cudaMemcpyAsync(h_fin.data(), fins, 8 * grid, cudaMemcpyDeviceToHost, s);
+  cudaError_t err = cudaStreamSynchronize(s);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  double sum = 0.0;
+  float mx = 0.0f;
+  unsigned long long fin = 0;
+  for (int b = 0; b < grid; ++b) {
+    sum += h_sum[b];
+    mx = std::max(mx, h_max[b]);
+    fin += h_fin[b];
+  }
+  float mean = 0.0f;
+  if (fin == 0) {
+    mx = 0.0f;
+  } else {
+    mean = static_cast<float>(sum / static_cast<double>(fin));
+  }
+  const float diff = mx - mean;
+  const bool strict = mode == TopKSampleMode::kThreshold;
+  Bisection bis(mode, k, mean, diff);
+  for (int r = 0; r < rounds && !bis.accepted(); ++r) {
+    const int64_t c = count(bis.NextThreshold(), strict);
+    if (c < 0) return static_cast<int>(cudaErrorUnknown);
+    bis.Update(c);
+  }
+  if (mode == TopKSampleMode::kMsTopK) {
+    *plan = MsTopKPlan(bis, n, k, seed);
+    return 0;
+  }
+  if (bis.has_lo()) {
+    *plan = ThresholdPlan(bis);
+    return 0;
+  }
+  return ExactPlanGpu(count, k, plan);
+}
+
+template <typename T>
+int WriteTyped(const T* x, int64_t n, const SelectionPlan& plan, T* values,
+               int32_t* indices, T* zero, char* scratch, cudaStream_t s) {
+  const DeviceLimits d = Limits();
+  const Layout l = MakeLayout(n, d);
+  const int64_t tiles = NumTiles(n);
+  if (tiles == 0 || plan.output_size == 0) return 0;
+  auto* a_cnt = reinterpret_cast<int32_t*>(scratch + l.tile_off);
+  auto* b_cnt = a_cnt + tiles;
+  auto* a_off = reinterpret_cast<int64_t*>(
+      scratch + l.tile_off + Align(2 * 4 * tiles));
+  auto* b_off = a_off + tiles;
+  DevicePlan p{plan.has_above, plan.above_strict, plan.above,
+               plan.has_band_lo, plan.band_lo, plan.start, plan.need};
+  const int grid =
+      static_cast<int>(std::min<int64_t>(tiles, int64_t{d.max_grid}));
+  TileCountKernel<T><<<grid, kThreads, 0, s>>>(x, n, p, tiles, a_cnt, b_cnt);
+  std::vector<int32_t> h_cnt(2 * tiles);
+  cudaMemcpyAsync(h_cnt.data(), a_cnt, 8 * tiles, cudaMemcpyDeviceToHost, s);
+  cudaError_t err = cudaStreamSynchronize(s);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  std::vector<int64_t> h_off(2 * tiles);
+  int64_t ra = 0, rb = 0;
+  for (int64_t t = 0; t < tiles; ++t) {
+    h_off[t] = ra;
+    h_off[tiles + t] = rb;
+    ra += h_cnt[t];
+    rb += h_cnt[tiles + t];
+  }
+  cudaMemcpyAsync(a_off, h_off.data(), 16 * tiles, cudaMemcpyHostToDevice, s);
+  WriteKernel<T><<<grid, kThreads, 0, s>>>(x, n, p, tiles, a_off, b_off,
+                                           values, indices, zero);
+  err = cudaStreamSynchronize(s);  // h_off must outlive the copy
+  if (err != cudaSuccess) return static_cast<int>(err);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace
+
+int64_t TopKSampleScratchBytes(int64_t n) {
+  return MakeLayout(n, Limits()).total;
+}
+
+int AddResidual(DType dtype, const void* gradient, const void* residual,
+                void* acc, int64_t n, void* stream) {
+  if (n == 0) return 0;
+  const int grid = StrideGrid(n, Limits());
+  auto s = static_cast<cudaStream_t>(stream);
+  return Dispatch(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    AddKernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(gradient),
+                                           static_cast<const T*>(residual),
+                                           static_cast<T*>(acc), n);
+    return static_cast<int>(cudaGetLastError());
+  });
+}
+
+int TopKSamplePlan(DType dtype, const void* x, int64_t n, int64_t k,
+                   TopKSampleMode mode, int rounds, int64_t seed,
+                   void* scratch, void* stream, SelectionPlan* plan) {
+  *plan = SelectionPlan();
+  if (k <= 0 || n <= 0) return 0;
+  return Dispatch(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return PlanTyped<T>(static_cast<const T*>(x), n, k, mode, rounds, seed,
+                        static_cast<char*>(scratch),
+                        static_cast<cudaStream_t>(stream), plan);
+  });
+}
+
+int TopKSampleWrite(DType dtype, const void* x, int64_t n,
+                    const SelectionPlan& plan, void* values, int32_t* indices,
+                    void* zero_selected, void* scratch, void* stream) {
+  return Dispatch(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return WriteTyped<T>(static_cast<const T*>(x), n, plan,
+                         static_cast<T*>(values), indices,
+                         static_cast<T*>(zero_selected),
+                         static_cast<char*>(scratch),
+                         static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // namespace gpu
+}  // namespace tfgc

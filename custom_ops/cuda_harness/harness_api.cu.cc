@@ -1,0 +1,135 @@
+// Copyright 2026 The tfgc Authors.
+//
+// A C API over the CUDA launchers of custom_ops/cc/kernels/*.cu.cc, for
+// ctypes (run_harness.py): the same kernel source the TF op uses, built by
+// nvcc alone, so the kernels can be checked and timed on a GPU machine that
+// has no TensorFlow. Every function returns a cudaError_t value (0 = ok).
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "custom_ops/cc/kernels/bits_kernels.h"
+#include "custom_ops/cc/kernels/top_k_sample_kernels.h"
+
+namespace {
+
+void* g_scratch = nullptr;
+int64_t g_scratch_bytes = 0;
+
+int EnsureScratch(int64_t bytes) {
+  if (bytes <= g_scratch_bytes) return 0;
+  if (g_scratch != nullptr) cudaFree(g_scratch);
+  g_scratch = nullptr;
+  g_scratch_bytes = 0;
+  const cudaError_t err = cudaMalloc(&g_scratch, bytes);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  g_scratch_bytes = bytes;
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+int tfgc_device_count(int* count) {
+  return static_cast<int>(cudaGetDeviceCount(count));
+}
+
+int tfgc_malloc(void** ptr, int64_t bytes) {
+  return static_cast<int>(cudaMalloc(ptr, bytes > 0 ? bytes : 1));
+}
+
+int tfgc_free(void* ptr) { return static_cast<int>(cudaFree(ptr)); }
+
+int tfgc_copy_to_device(void* dst, const void* src, int64_t bytes) {
+  return static_cast<int>(
+      cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+
+int tfgc_copy_to_host(void* dst, const void* src, int64_t bytes) {
+  return static_cast<int>(
+      cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+// dtype: 0 float32, 1 float16, 2 bfloat16; mode: 0 mstopk, 1 threshold,
+// 2 trimmed. `capacity` is the length of values/indices; *out_size gets the
+// selection size (an error is returned when it exceeds capacity).
+// `zero_selected` (nullable) has its selected entries zeroed.
+int tfgc_top_k_sample(int dtype, const void* x, int64_t n, int64_t k,
+                      int mode, int rounds, int64_t seed, void* values,
+                      int32_t* indices, int64_t capacity, int64_t* out_size,
+                      void* zero_selected) {
+  int err = EnsureScratch(tfgc::gpu::TopKSampleScratchBytes(n));
+  if (err != 0) return err;
+  tfgc::SelectionPlan plan;
+  const auto dt = static_cast<tfgc::gpu::DType>(dtype);
+  err = tfgc::gpu::TopKSamplePlan(dt, x, n, k,
+                                  static_cast<tfgc::TopKSampleMode>(mode),
+                                  rounds, seed, g_scratch, nullptr, &plan);
+  if (err != 0) return err;
+  *out_size = plan.output_size;
+  if (plan.output_size > capacity) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return tfgc::gpu::TopKSampleWrite(dt, x, n, plan, values, indices,
+                                    zero_selected, g_scratch, nullptr);
+}
+
+int tfgc_add_residual(int dtype, const void* g, const void* r, void* acc,
+                      int64_t n) {
+  return tfgc::gpu::AddResidual(static_cast<tfgc::gpu::DType>(dtype), g, r,
+                                acc, n, nullptr);
+}
+
+int tfgc_pack_bits(const bool* mask, int64_t n, int32_t* words) {
+  return tfgc::gpu::PackBits(mask, n, words, nullptr);
+}
+
+int tfgc_unpack_bits(const int32_t* words, int64_t rows, int64_t n,
+                     bool* mask) {
+  return tfgc::gpu::UnpackBits(words, rows, n, mask, nullptr);
+}
+
+int tfgc_unpack_bits_sum(int dtype, const int32_t* words, const void* scales,
+                         int64_t p, int64_t n, void* out) {
+  return tfgc::gpu::UnpackBitsSum(dtype, words, scales, p, n, out, nullptr);
+}
+
+int tfgc_unpack_bits_vote(int dtype, const int32_t* words, int64_t p,
+                          int64_t n, void* out) {
+  return tfgc::gpu::UnpackBitsVote(dtype, words, p, n, out, nullptr);
+}
+
+int tfgc_synchronize() { return static_cast<int>(cudaDeviceSynchronize()); }
+
+// Milliseconds per call of `fn_id` (0 top_k_sample mstopk, 1 threshold,
+// 2 trimmed, 3 pack_bits) averaged over `iters` calls, CUDA events.
+int tfgc_time(int fn_id, int dtype, const void* x, int64_t n, int64_t k,
+              int rounds, void* values, int32_t* indices, int64_t capacity,
+              int iters, float* ms) {
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  int err = 0;
+  int64_t size = 0;
+  // Warm-up call.
+  for (int it = -1; it < iters && err == 0; ++it) {
+    if (it == 0) cudaEventRecord(start);
+    if (fn_id == 3) {
+      err = tfgc_pack_bits(static_cast<const bool*>(x), n, indices);
+    } else {
+      err = tfgc_top_k_sample(dtype, x, n, k, fn_id, rounds, it, values,
+                              indices, capacity, &size, nullptr);
+    }
+  }
+  cudaEventRecord(stop);
+  cudaEventSynchronize(stop);
+  cudaEventElapsedTime(ms, start, stop);
+  *ms /= iters > 0 ? iters : 1;
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return err;
+}
+
+}  // extern "C"
