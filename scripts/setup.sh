@@ -10,11 +10,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 pip=(.venv/bin/python -m pip install --quiet)
-echo "[setup] installing TensorFlow and tfgc[cpu,demo,test] (first time: ~2 min)"
+echo "[setup] installing TensorFlow and tfgc[cpu,demo,models,test] (first time: ~2 min)"
 "${pip[@]}" --upgrade pip "setuptools>=68" wheel
 # The custom ops are compiled against the installed TensorFlow, so it goes
 # in first (same window as setup.py's `cpu` extra) and tfgc is built
 # without build isolation.
 "${pip[@]}" "tensorflow-cpu>=2.21,<2.22"
-"${pip[@]}" --no-build-isolation -e ".[cpu,demo,test]"
+"${pip[@]}" --no-build-isolation -e ".[cpu,demo,models,test]"
 .venv/bin/python -c "import tfgc; print('[setup] done; compiled custom ops in use:', tfgc.ops.using_custom_ops())"
