@@ -14,34 +14,13 @@ ALGORITHMS.md section 2 (goal: within 0.1 bit). Writes
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
-import statistics
-import time
-from collections.abc import Callable
 
+import _common
 import numpy as np
 import tensorflow as tf
 
 from tfgc.ops import _library, golomb
-
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-
-
-def timeit(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time in milliseconds of fn() after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        if isinstance(out, (tuple, list)):
-            out = out[0]
-        out.numpy()  # eager ops are synchronous; be explicit
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
 
 
 def bench(
@@ -62,26 +41,28 @@ def bench(
         "bytes": int(encoded.shape[0]),
         "bits_per_position": int(num_bits) / k,
         "formula": golomb.golomb_expected_bits_per_position(k, n),
-        "encode_ms": timeit(lambda: golomb.golomb_encode(idx, n, b), repeats),
-        "decode_ms": timeit(
+        "encode_ms": _common.timeit(
+            lambda: golomb.golomb_encode(idx, n, b), repeats
+        ),
+        "decode_ms": _common.timeit(
             lambda: golomb.golomb_decode(encoded, k, b, n), repeats
         ),
     }
     lib = _library.custom_ops()
     if lib is not None:  # the kernels alone, without the Python wrapper
         n_t, b_t, k_t = tf.constant(n, tf.int64), tf.constant(b), tf.constant(k)
-        r["op_encode_ms"] = timeit(
+        r["op_encode_ms"] = _common.timeit(
             lambda: lib.tfgc_golomb_encode(idx, n_t, b_t), repeats
         )
-        r["op_decode_ms"] = timeit(
+        r["op_decode_ms"] = _common.timeit(
             lambda: lib.tfgc_golomb_decode(encoded, k_t, b_t, n_t), repeats
         )
     if n <= reference_max_n:
         ref_repeats = max(1, repeats // 3)
-        r["ref_encode_ms"] = timeit(
+        r["ref_encode_ms"] = _common.timeit(
             lambda: golomb.golomb_encode_reference(idx, n, b), ref_repeats
         )
-        r["ref_decode_ms"] = timeit(
+        r["ref_decode_ms"] = _common.timeit(
             lambda: golomb.golomb_decode_reference(encoded, k, b, n),
             ref_repeats,
         )
@@ -157,45 +138,27 @@ def to_markdown(meta: dict, rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1e6,25e6")
-    parser.add_argument("--densities", default="0.01,0.001")
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument(
-        "--reference-max-n",
-        type=float,
-        default=25e6,
-        help="largest N for which the pure-TF references are timed",
+    args = _common.parse_args(
+        __doc__,
+        argv,
+        sizes="1e6,25e6",
+        densities="0.01,0.001",
+        repeats=9,
+        reference_help="largest N for which the pure-TF references are timed",
+        output="golomb_cpu",
     )
-    parser.add_argument("--output", default=os.path.join(RESULTS, "golomb_cpu"))
-    args = parser.parse_args(argv)
-    if not _library.using_custom_ops():
-        print("warning: custom ops not loaded; timing the references")
-    sizes = [int(float(s)) for s in args.sizes.split(",") if s]
-    densities = [float(d) for d in args.densities.split(",") if d]
-    threads = tf.config.threading.get_intra_op_parallelism_threads()
-    meta = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "tensorflow": tf.__version__,
-        "intra_op_threads": threads or os.cpu_count(),
-        "custom_ops": _library.using_custom_ops(),
-        "repeats": args.repeats,
-        "unit": "ms (median)",
-        "load_average_before": os.getloadavg()[0],
-    }
+    meta = _common.machine_meta(args.repeats)
+    meta["load_average_before"] = os.getloadavg()[0]
     rows = []
-    for n in sizes:
-        for q in densities:
+    for n in args.sizes:
+        for q in args.densities:
             r = bench(n, q, args.repeats, int(args.reference_max_n), seed=n)
             print(r, flush=True)
             rows.append(r)
     meta["load_average_after"] = os.getloadavg()[0]
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output + ".json", "w") as f:
-        json.dump({"meta": meta, "golomb": rows}, f, indent=1)
-    with open(args.output + ".md", "w") as f:
-        f.write(to_markdown(meta, rows))
-    print(f"wrote {args.output}.md and .json")
+    _common.write_results(
+        args.output, {"meta": meta, "golomb": rows}, to_markdown(meta, rows)
+    )
     return 0
 
 

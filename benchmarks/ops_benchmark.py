@@ -14,38 +14,21 @@ Every ratio is measured in the same run. Writes
 
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
-import os
-import platform
-import statistics
-import time
-from collections.abc import Callable
 
+import _common
 import numpy as np
 import tensorflow as tf
 
 import tfgc.ops
-from tfgc.ops import _library, bits
+from tfgc.ops import bits
 
 tks = importlib.import_module("tfgc.ops.top_k_sample")
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-def timeit(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time in milliseconds of fn() after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        if isinstance(out, (tuple, list)):
-            out = out[0]
-        if hasattr(out, "numpy"):  # eager ops are synchronous; be explicit
-            out.numpy() if out.shape.num_elements() < 1e6 else None
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+def timeit(fn, repeats: int) -> float:
+    """_common.timeit; results of 1M elements or more are not copied."""
+    return _common.timeit(fn, repeats, fetch_below=1e6)
 
 
 def bench_selection(n, densities, repeats, reference_max_n, rows, log):
@@ -184,45 +167,29 @@ def to_markdown(meta, sel, bit) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1e6,25e6,1e8")
-    parser.add_argument("--densities", default="0.001,0.01")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument(
-        "--reference-max-n",
-        type=float,
-        default=25e6,
-        help="largest N for which the slow pure-TF reference is timed",
-    )
-    parser.add_argument("--output", default=os.path.join(RESULTS, "ops_cpu"))
-    args = parser.parse_args(argv)
-    if not _library.using_custom_ops():
-        print("warning: custom ops not loaded; timing the references")
-    sizes = [int(float(s)) for s in args.sizes.split(",") if s]
-    densities = [float(d) for d in args.densities.split(",") if d]
-    meta = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "tensorflow": tf.__version__,
-        "intra_op_threads": (
-            tf.config.threading.get_intra_op_parallelism_threads()
-            or os.cpu_count()
+    args = _common.parse_args(
+        __doc__,
+        argv,
+        sizes="1e6,25e6,1e8",
+        densities="0.001,0.01",
+        repeats=5,
+        reference_help=(
+            "largest N for which the slow pure-TF reference is timed"
         ),
-        "custom_ops": _library.using_custom_ops(),
-        "repeats": args.repeats,
-        "unit": "ms (median)",
-    }
+        output="ops_cpu",
+    )
+    meta = _common.machine_meta(args.repeats)
     sel, bit = [], []
-    for n in sizes:
+    for n in args.sizes:
         bench_selection(
-            n, densities, args.repeats, args.reference_max_n, sel, print
+            n, args.densities, args.repeats, args.reference_max_n, sel, print
         )
         bench_bits(n, args.repeats, bit, print)
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
-    with open(args.output + ".json", "w") as f:
-        json.dump({"meta": meta, "top_k_sample": sel, "bits": bit}, f, indent=1)
-    with open(args.output + ".md", "w") as f:
-        f.write(to_markdown(meta, sel, bit))
-    print(f"wrote {args.output}.md and .json")
+    _common.write_results(
+        args.output,
+        {"meta": meta, "top_k_sample": sel, "bits": bit},
+        to_markdown(meta, sel, bit),
+    )
     return 0
 
 

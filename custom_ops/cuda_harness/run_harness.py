@@ -33,6 +33,7 @@ MODES = ("mstopk", "threshold", "trimmed")
 
 sys.path.insert(0, ROOT)
 from custom_ops import build as ops_build  # noqa: E402
+from custom_ops.cuda_harness.numpy_oracle import np_select  # noqa: E402
 
 
 def build_library(verbose: bool = False) -> str:
@@ -62,77 +63,6 @@ def build_library(verbose: bool = False) -> str:
             print(" ".join(cmd))
         subprocess.run(cmd, check=True)
     return LIB
-
-
-# ---------------------------------------------------------------------------
-# numpy oracle of tfgc/ops/top_k_sample.py's specification.
-# ---------------------------------------------------------------------------
-def np_keys(x: np.ndarray) -> np.ndarray:
-    a = np.abs(np.asarray(x, np.float32).reshape(-1))
-    return np.where(np.isnan(a), np.float32(-1), a).astype(np.float32)
-
-
-def np_slice_start(seed: int, max_start: int) -> int:
-    if max_start <= 0:
-        return 0
-    m = (1 << 64) - 1
-    z = (seed + 0x9E3779B97F4A7C15) & m
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-    z ^= z >> 31
-    return min(int(float(z >> 11) * 2.0**-53 * float(max_start + 1)), max_start)
-
-
-def np_select(x, k, mode, rounds=20, seed=0) -> np.ndarray:
-    keys = np_keys(x)
-    n = keys.size
-    if k == 0:
-        return np.zeros([0], np.int64)
-    if mode == "trimmed":
-        return np.sort(np.argsort(-keys, kind="stable")[:k])
-    fin = np.isfinite(keys) & (keys >= 0)
-    mean = np.float32(0)
-    mx = np.float32(0)
-    if fin.any():
-        mean = np.float32(np.sum(keys[fin], dtype=np.float64) / fin.sum())
-        mx = keys[fin].max()
-    diff = np.float32(mx - mean)
-    lo, hi = np.float32(0), np.float32(1)
-    strict = mode == "threshold"
-    hi_s = lo_s = None
-    for _ in range(rounds):
-        ratio = np.float32((lo + hi) * np.float32(0.5))
-        thr = np.float32(mean + np.float32(ratio * diff))
-        c = int(np.sum(keys > thr if strict else keys >= thr))
-        if strict:
-            if c <= k:
-                hi = ratio
-            elif c >= 2 * k:
-                lo = ratio
-                if lo_s is None or c < lo_s[1]:
-                    lo_s = (thr, c)
-            else:
-                lo_s = (thr, c)
-                break
-        elif c <= k:
-            hi = ratio
-            if hi_s is None or c > hi_s[1]:
-                hi_s = (thr, c)
-        else:
-            lo = ratio
-            if lo_s is None or c < lo_s[1]:
-                lo_s = (thr, c)
-    if strict:
-        if lo_s is None:
-            return np.sort(np.argsort(-keys, kind="stable")[:k])
-        return np.flatnonzero(keys > lo_s[0])
-    above = keys >= hi_s[0] if hi_s else np.zeros(n, bool)
-    k1 = hi_s[1] if hi_s else 0
-    band = np.flatnonzero(~above & ((keys >= lo_s[0]) if lo_s else True))
-    need = k - k1
-    start = np_slice_start(seed, band.size - need)
-    chosen = band[start : start + need]
-    return np.sort(np.concatenate([np.flatnonzero(above), chosen]))
 
 
 class Harness:

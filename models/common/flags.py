@@ -7,7 +7,10 @@ outside the mains reads `FLAGS`.
 
 from __future__ import annotations
 
-from absl import flags
+from collections.abc import Callable
+from typing import TypeVar
+
+from absl import app, flags
 
 import tfgc
 from models.common.config import (
@@ -16,6 +19,8 @@ from models.common.config import (
     STRATEGIES,
     CommonConfig,
 )
+
+_Config = TypeVar("_Config")
 
 
 def define_common_flags() -> None:
@@ -149,3 +154,20 @@ def common_config_from_flags(
         data_dir=f.data_dir,
         seed=f.seed,
     )
+
+
+def config_for_main(
+    argv: list[str], config_from_flags: Callable[[], _Config]
+) -> _Config:
+    """The validated config of a main's run: `config_from_flags()`.
+
+    Raises:
+        app.UsageError: `argv` has arguments besides the program name, or
+            `config_from_flags` raised a ValueError (its message).
+    """
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    try:
+        return config_from_flags()
+    except ValueError as err:
+        raise app.UsageError(str(err)) from err

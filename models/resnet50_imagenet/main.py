@@ -319,12 +319,7 @@ def run(config: ResnetConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    try:
-        config = config_from_flags()
-    except ValueError as err:
-        raise app.UsageError(str(err)) from err
+    config = common_flags.config_for_main(argv, config_from_flags)
     run(config)
 
 

@@ -38,6 +38,7 @@ _PHI = (1.0 + math.sqrt(5.0)) / 2.0
 _LN_PHI_MINUS_1 = math.log(_PHI - 1.0)
 _INT_TYPES = (int, np.integer)
 
+
 def _custom_op(name: str):
     """The compiled op, or None (no library, or one built without it)."""
     lib = _library.custom_ops()
@@ -129,6 +130,15 @@ def _check_static_b(b: int) -> None:
         raise TypeError(f"`b` must be an int. Received: b={b!r}")
     if not 0 <= b <= MAX_B:
         raise ValueError(f"`b` must be in [0, {MAX_B}]. Received: b={b}")
+
+
+def _b_range_checks(b: tf.Tensor) -> list:
+    """The run-time checks of the pure-TF references that b is in range."""
+    message = f"`b` must be in [0, {MAX_B}]"
+    return [
+        tf.debugging.assert_greater_equal(b, 0, message=message),
+        tf.debugging.assert_less_equal(b, MAX_B, message=message),
+    ]
 
 
 def _check_indices(indices: tf.Tensor) -> tf.Tensor:
@@ -250,12 +260,7 @@ def _encode_reference(
         tf.debugging.assert_rank(n, 0, message="`n` must be a scalar"),
         tf.debugging.assert_rank(b, 0, message="`b` must be a scalar"),
         tf.debugging.assert_non_negative(n, message="`n` must be >= 0"),
-        tf.debugging.assert_greater_equal(
-            b, 0, message=f"`b` must be in [0, {MAX_B}]"
-        ),
-        tf.debugging.assert_less_equal(
-            b, MAX_B, message=f"`b` must be in [0, {MAX_B}]"
-        ),
+        *_b_range_checks(b),
     ]
     with tf.control_dependencies(checks):
         prev = tf.concat([tf.constant([-1], tf.int64), idx], 0)[:-1]
@@ -385,12 +390,7 @@ def _decode_reference(
         tf.debugging.assert_rank(b, 0, message="`b` must be a scalar"),
         tf.debugging.assert_rank(n, 0, message="`n` must be a scalar"),
         tf.debugging.assert_non_negative(k, message="`k` must be >= 0"),
-        tf.debugging.assert_greater_equal(
-            b, 0, message=f"`b` must be in [0, {MAX_B}]"
-        ),
-        tf.debugging.assert_less_equal(
-            b, MAX_B, message=f"`b` must be in [0, {MAX_B}]"
-        ),
+        *_b_range_checks(b),
     ]
     with tf.control_dependencies(checks):
         num_bits = 8 * tf.size(encoded, out_type=tf.int64)

@@ -11,11 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "custom_ops/cc/kernels/bits_kernels.h"
+#include "custom_ops/cc/kernels/kernel_utils.h"
 #include "custom_ops/cc/kernels/parallel.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/framework/tensor_shape.h"
-#include "tensorflow/core/framework/types.h"
 
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
@@ -24,14 +21,6 @@
 
 namespace tfgc {
 namespace {
-
-using tensorflow::DEVICE_CPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-using tensorflow::TensorShapeUtils;
 
 // Word blocks: 4096 words (128 Ki elements) at least per block.
 constexpr int64_t kMinWordBlock = 4096;
@@ -92,27 +81,45 @@ absl::Status CheckWordsDim(int64_t got, int64_t n) {
   return absl::OkStatus();
 }
 
-class UnpackBitsOp : public OpKernel {
+// A kernel of an op with the attribute `n` (bits per row), which must be
+// non-negative.
+class OpKernelWithN : public OpKernel {
  public:
-  explicit UnpackBitsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit OpKernelWithN(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("n", &n_));
     OP_REQUIRES(ctx, n_ >= 0,
                 absl::InvalidArgumentError(absl::StrCat(
                     "`n` must be non-negative. Received: n=", n_)));
   }
 
+ protected:
+  int64_t n_;
+};
+
+// Validates words [..., ceil(n / 32)] and allocates output 0, the mask
+// [..., n].
+absl::Status AllocateUnpacked(OpKernelContext* ctx, const Tensor& words,
+                              int64_t n, Tensor** out) {
+  if (words.dims() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`words` must have rank >= 1. Received: shape=",
+                     words.shape().DebugString()));
+  }
+  TF_RETURN_IF_ERROR(CheckWordsDim(words.dim_size(words.dims() - 1), n));
+  TensorShape out_shape = words.shape();
+  out_shape.set_dim(words.dims() - 1, n);
+  return ctx->allocate_output(0, out_shape, out);
+}
+
+class UnpackBitsOp : public OpKernelWithN {
+ public:
+  using OpKernelWithN::OpKernelWithN;
+
   void Compute(OpKernelContext* ctx) override {
     const Tensor& words = ctx->input(0);
-    OP_REQUIRES(ctx, words.dims() >= 1,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`words` must have rank >= 1. Received: shape=",
-                    words.shape().DebugString())));
-    const int64_t w = words.dim_size(words.dims() - 1);
-    OP_REQUIRES_OK(ctx, CheckWordsDim(w, n_));
-    TensorShape out_shape = words.shape();
-    out_shape.set_dim(words.dims() - 1, n_);
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
+    OP_REQUIRES_OK(ctx, AllocateUnpacked(ctx, words, n_, &out));
+    const int64_t w = words.dim_size(words.dims() - 1);
     if (out->NumElements() == 0) return;
     const uint32_t* in =
         reinterpret_cast<const uint32_t*>(words.flat<int32_t>().data());
@@ -134,14 +141,12 @@ class UnpackBitsOp : public OpKernel {
       }
     });
   }
-
- private:
-  int64_t n_;
 };
 
-// Shared validation of words [p, w] (and scales [p]).
-absl::Status CheckReduceInputs(const Tensor& words, const Tensor* scales,
-                               int64_t n) {
+// Validates words [p, ceil(n / 32)] (and scales [p]) and allocates output 0,
+// the result [n].
+absl::Status AllocateReduced(OpKernelContext* ctx, const Tensor& words,
+                             const Tensor* scales, int64_t n, Tensor** out) {
   if (!TensorShapeUtils::IsMatrix(words.shape())) {
     return absl::InvalidArgumentError(
         absl::StrCat("`words` must be a matrix [p, ceil(n / 32)]. Received: "
@@ -159,25 +164,19 @@ absl::Status CheckReduceInputs(const Tensor& words, const Tensor* scales,
           ", words.shape=", words.shape().DebugString()));
     }
   }
-  return absl::OkStatus();
+  return ctx->allocate_output(0, TensorShape({n}), out);
 }
 
 template <typename T, bool kVote>
-class UnpackBitsReduceOp : public OpKernel {
+class UnpackBitsReduceOp : public OpKernelWithN {
  public:
-  explicit UnpackBitsReduceOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("n", &n_));
-    OP_REQUIRES(ctx, n_ >= 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`n` must be non-negative. Received: n=", n_)));
-  }
+  using OpKernelWithN::OpKernelWithN;
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& words = ctx->input(0);
     const Tensor* scales = kVote ? nullptr : &ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckReduceInputs(words, scales, n_));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
+    OP_REQUIRES_OK(ctx, AllocateReduced(ctx, words, scales, n_, &out));
     if (n_ == 0) return;
     const int64_t p = words.dim_size(0);
     const int64_t w = words.dim_size(1);
@@ -226,9 +225,6 @@ class UnpackBitsReduceOp : public OpKernel {
       }
     });
   }
-
- private:
-  int64_t n_;
 };
 
 REGISTER_KERNEL_BUILDER(Name("Tfgc>PackBits").Device(DEVICE_CPU), PackBitsOp);
@@ -281,35 +277,20 @@ class PackBitsGpuOp : public OpKernel {
   }
 };
 
-class UnpackBitsGpuOp : public OpKernel {
+class UnpackBitsGpuOp : public OpKernelWithN {
  public:
-  explicit UnpackBitsGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("n", &n_));
-    OP_REQUIRES(ctx, n_ >= 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`n` must be non-negative. Received: n=", n_)));
-  }
+  using OpKernelWithN::OpKernelWithN;
   void Compute(OpKernelContext* ctx) override {
     const Tensor& words = ctx->input(0);
-    OP_REQUIRES(ctx, words.dims() >= 1,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`words` must have rank >= 1. Received: shape=",
-                    words.shape().DebugString())));
-    const int64_t w = words.dim_size(words.dims() - 1);
-    OP_REQUIRES_OK(ctx, CheckWordsDim(w, n_));
-    TensorShape out_shape = words.shape();
-    out_shape.set_dim(words.dims() - 1, n_);
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
+    OP_REQUIRES_OK(ctx, AllocateUnpacked(ctx, words, n_, &out));
+    const int64_t w = words.dim_size(words.dims() - 1);
     const int64_t rows = w == 0 ? 0 : words.NumElements() / w;
     OP_REQUIRES_OK(ctx, CudaStatus(gpu::UnpackBits(
                                        words.flat<int32_t>().data(), rows, n_,
                                        out->flat<bool>().data(), StreamOf(ctx)),
                                    "UnpackBits"));
   }
-
- private:
-  int64_t n_;
 };
 
 template <typename T>
@@ -328,20 +309,14 @@ constexpr int GpuDType<Eigen::bfloat16>() {
 }
 
 template <typename T, bool kVote>
-class UnpackBitsReduceGpuOp : public OpKernel {
+class UnpackBitsReduceGpuOp : public OpKernelWithN {
  public:
-  explicit UnpackBitsReduceGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("n", &n_));
-    OP_REQUIRES(ctx, n_ >= 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`n` must be non-negative. Received: n=", n_)));
-  }
+  using OpKernelWithN::OpKernelWithN;
   void Compute(OpKernelContext* ctx) override {
     const Tensor& words = ctx->input(0);
     const Tensor* scales = kVote ? nullptr : &ctx->input(1);
-    OP_REQUIRES_OK(ctx, CheckReduceInputs(words, scales, n_));
     Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n_}), &out));
+    OP_REQUIRES_OK(ctx, AllocateReduced(ctx, words, scales, n_, &out));
     const int64_t p = words.dim_size(0);
     const int err =
         kVote ? gpu::UnpackBitsVote(GpuDType<T>(),
@@ -354,9 +329,6 @@ class UnpackBitsReduceGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CudaStatus(err, kVote ? "UnpackBitsVote"
                                               : "UnpackBitsSum"));
   }
-
- private:
-  int64_t n_;
 };
 
 REGISTER_KERNEL_BUILDER(

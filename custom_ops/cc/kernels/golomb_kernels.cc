@@ -16,22 +16,11 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "custom_ops/cc/kernels/golomb_kernels.h"
+#include "custom_ops/cc/kernels/kernel_utils.h"
 #include "custom_ops/cc/kernels/parallel.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/framework/tensor_shape.h"
-#include "tensorflow/core/framework/types.h"
 
 namespace tfgc {
 namespace {
-
-using tensorflow::DEVICE_CPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-using tensorflow::TensorShapeUtils;
 
 // Positions per block of the parallel encoder.
 constexpr int64_t kMinEncodeBlock = int64_t{1} << 15;

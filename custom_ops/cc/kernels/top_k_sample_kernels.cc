@@ -32,13 +32,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "custom_ops/cc/kernels/kernel_utils.h"
 #include "custom_ops/cc/kernels/parallel.h"
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
-#include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
-#include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/framework/tensor_shape.h"
-#include "tensorflow/core/framework/types.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -51,15 +48,6 @@
 
 namespace tfgc {
 namespace {
-
-
-using tensorflow::DEVICE_CPU;
-using tensorflow::OpKernel;
-using tensorflow::OpKernelConstruction;
-using tensorflow::OpKernelContext;
-using tensorflow::Tensor;
-using tensorflow::TensorShape;
-using tensorflow::TensorShapeUtils;
 
 constexpr float kMaxFloat = std::numeric_limits<float>::max();
 
@@ -644,10 +632,10 @@ absl::Status ValidateArgs(int64_t n, const Tensor& k_t, const Tensor& seed_t,
   return absl::OkStatus();
 }
 
-template <typename T, typename Tk>
-class TopKSampleOp : public OpKernel {
+// The attributes `mode` and `rounds` of both ops, validated.
+class TopKSampleOpBase : public OpKernel {
  public:
-  explicit TopKSampleOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit TopKSampleOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
     std::string mode;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("mode", &mode));
     OP_REQUIRES_OK(ctx, ParseMode(mode, &mode_));
@@ -658,87 +646,68 @@ class TopKSampleOp : public OpKernel {
                     rounds_)));
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& x = ctx->input(0);
-    const int64_t n = x.NumElements();
-    int64_t k = 0, seed = 0;
-    OP_REQUIRES_OK(ctx, ValidateArgs<Tk>(n, ctx->input(1), ctx->input(2), &k,
-                                         &seed));
-    const T* xp = x.flat<T>().data();
-    Candidates cand;
-    SelectionPlan plan;
-    if (k > 0) {
-      const Stats st = ComputeStats(ctx, xp, n);
-      plan = PlanCpu(ctx, xp, n, k, mode_, rounds_, seed, st, &cand);
-    }
-    Tensor* values = nullptr;
-    Tensor* indices = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({plan.output_size}), &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            1, TensorShape({plan.output_size}), &indices));
-    if (plan.output_size == 0) return;
-    OP_REQUIRES_OK(ctx, Extract(xp, cand, plan, values->flat<T>().data(),
-                                indices->flat<int32_t>().data(),
-                                static_cast<T*>(nullptr)));
-  }
-
- private:
+ protected:
   TopKSampleMode mode_;
   int rounds_;
 };
 
-template <typename T, typename Tk>
-class TopKSampleWithResidualOp : public OpKernel {
+absl::Status CheckSameShape(const Tensor& gradient, const Tensor& residual) {
+  if (gradient.shape() == residual.shape()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "`gradient` and `residual` must have the same shape. "
+      "Received: gradient.shape=",
+      gradient.shape().DebugString(),
+      ", residual.shape=", residual.shape().DebugString()));
+}
+
+// Allocates outputs 0 and 1, the values and indices of `size` entries.
+absl::Status AllocateSelection(OpKernelContext* ctx, int64_t size,
+                               Tensor** values, Tensor** indices) {
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({size}), values));
+  return ctx->allocate_output(1, TensorShape({size}), indices);
+}
+
+// TopKSample (inputs x, k, seed) or, kWithResidual, TopKSampleWithResidual
+// (inputs gradient, residual, k, seed; output 2 the new residual, which
+// holds acc = gradient + residual until the selected entries are zeroed).
+template <typename T, typename Tk, bool kWithResidual>
+class TopKSampleOp : public TopKSampleOpBase {
  public:
-  explicit TopKSampleWithResidualOp(OpKernelConstruction* ctx)
-      : OpKernel(ctx) {
-    std::string mode;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("mode", &mode));
-    OP_REQUIRES_OK(ctx, ParseMode(mode, &mode_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rounds", &rounds_));
-    OP_REQUIRES(ctx, rounds_ >= 1 && rounds_ <= 64,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`rounds` must be in [1, 64]. Received: rounds=",
-                    rounds_)));
-  }
+  using TopKSampleOpBase::TopKSampleOpBase;
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& g = ctx->input(0);
-    const Tensor& r = ctx->input(1);
-    OP_REQUIRES(ctx, g.shape() == r.shape(),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`gradient` and `residual` must have the same shape. "
-                    "Received: gradient.shape=",
-                    g.shape().DebugString(),
-                    ", residual.shape=", r.shape().DebugString())));
-    const int64_t n = g.NumElements();
+    const int extra = kWithResidual ? 1 : 0;
+    const Tensor& x = ctx->input(0);
+    if (kWithResidual) OP_REQUIRES_OK(ctx, CheckSameShape(x, ctx->input(1)));
+    const int64_t n = x.NumElements();
     int64_t k = 0, seed = 0;
-    OP_REQUIRES_OK(ctx, ValidateArgs<Tk>(n, ctx->input(2), ctx->input(3), &k,
-                                         &seed));
-    Tensor* acc = nullptr;
-    OP_REQUIRES_OK(ctx,
-                   ctx->forward_input_or_allocate_output({1}, 2, r.shape(), &acc));
-    T* accp = acc->flat<T>().data();
-    const Stats st = AddAndComputeStats(ctx, g.flat<T>().data(),
-                                        r.flat<T>().data(), accp, n);
+    OP_REQUIRES_OK(ctx, ValidateArgs<Tk>(n, ctx->input(1 + extra),
+                                         ctx->input(2 + extra), &k, &seed));
+    const T* xp = x.flat<T>().data();
+    T* zero = nullptr;  // where the selected entries are zeroed, if anywhere
+    Stats st;
+    if (kWithResidual) {
+      const Tensor& r = ctx->input(1);
+      Tensor* acc = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
+                              {1}, 2, r.shape(), &acc));
+      zero = acc->flat<T>().data();
+      st = AddAndComputeStats(ctx, xp, r.flat<T>().data(), zero, n);
+      xp = zero;
+    } else if (k > 0) {
+      st = ComputeStats(ctx, xp, n);
+    }
     Candidates cand;
     SelectionPlan plan;
-    if (k > 0) plan = PlanCpu(ctx, accp, n, k, mode_, rounds_, seed, st, &cand);
+    if (k > 0) plan = PlanCpu(ctx, xp, n, k, mode_, rounds_, seed, st, &cand);
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({plan.output_size}), &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            1, TensorShape({plan.output_size}), &indices));
+    OP_REQUIRES_OK(ctx,
+                   AllocateSelection(ctx, plan.output_size, &values, &indices));
     if (plan.output_size == 0) return;
-    OP_REQUIRES_OK(ctx, Extract(accp, cand, plan, values->flat<T>().data(),
-                                indices->flat<int32_t>().data(), accp));
+    OP_REQUIRES_OK(ctx, Extract(xp, cand, plan, values->flat<T>().data(),
+                                indices->flat<int32_t>().data(), zero));
   }
-
- private:
-  TopKSampleMode mode_;
-  int rounds_;
 };
 
 #define REGISTER_CPU(T, Tk)                                        \
@@ -746,12 +715,12 @@ class TopKSampleWithResidualOp : public OpKernel {
                               .Device(DEVICE_CPU)                  \
                               .TypeConstraint<T>("T")              \
                               .TypeConstraint<Tk>("Tk"),           \
-                          TopKSampleOp<T, Tk>);                    \
+                          TopKSampleOp<T, Tk, false>);             \
   REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSampleWithResidual")      \
                               .Device(DEVICE_CPU)                  \
                               .TypeConstraint<T>("T")              \
                               .TypeConstraint<Tk>("Tk"),           \
-                          TopKSampleWithResidualOp<T, Tk>);
+                          TopKSampleOp<T, Tk, true>);
 
 #define REGISTER_CPU_ALL_K(T) \
   REGISTER_CPU(T, int32_t)    \
@@ -794,18 +763,9 @@ absl::Status CudaStatus(int err, const char* what) {
 }
 
 template <typename T, typename Tk, bool kWithResidual>
-class TopKSampleGpuOp : public OpKernel {
+class TopKSampleGpuOp : public TopKSampleOpBase {
  public:
-  explicit TopKSampleGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string mode;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("mode", &mode));
-    OP_REQUIRES_OK(ctx, ParseMode(mode, &mode_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rounds", &rounds_));
-    OP_REQUIRES(ctx, rounds_ >= 1 && rounds_ <= 64,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`rounds` must be in [1, 64]. Received: rounds=",
-                    rounds_)));
-  }
+  using TopKSampleOpBase::TopKSampleOpBase;
 
   void Compute(OpKernelContext* ctx) override {
     const int extra = kWithResidual ? 1 : 0;
@@ -819,12 +779,7 @@ class TopKSampleGpuOp : public OpKernel {
     void* zero = nullptr;
     if (kWithResidual) {
       const Tensor& r = ctx->input(1);
-      OP_REQUIRES(ctx, x_in.shape() == r.shape(),
-                  absl::InvalidArgumentError(absl::StrCat(
-                      "`gradient` and `residual` must have the same shape. "
-                      "Received: gradient.shape=",
-                      x_in.shape().DebugString(),
-                      ", residual.shape=", r.shape().DebugString())));
+      OP_REQUIRES_OK(ctx, CheckSameShape(x_in, r));
       Tensor* acc = nullptr;
       OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
                               {1}, 2, r.shape(), &acc));
@@ -848,10 +803,8 @@ class TopKSampleGpuOp : public OpKernel {
                                    "Plan"));
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({plan.output_size}), &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            1, TensorShape({plan.output_size}), &indices));
+    OP_REQUIRES_OK(ctx,
+                   AllocateSelection(ctx, plan.output_size, &values, &indices));
     if (plan.output_size == 0) return;
     OP_REQUIRES_OK(
         ctx, CudaStatus(gpu::TopKSampleWrite(
@@ -861,10 +814,6 @@ class TopKSampleGpuOp : public OpKernel {
                             stream),
                         "Write"));
   }
-
- private:
-  TopKSampleMode mode_;
-  int rounds_;
 };
 
 #define REGISTER_GPU(T, Tk)                                          \

@@ -7,16 +7,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "custom_ops/cc/ops/shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace tfgc {
 namespace {
-
-using tensorflow::shape_inference::DimensionHandle;
-using tensorflow::shape_inference::InferenceContext;
-using tensorflow::shape_inference::ShapeHandle;
 
 int64_t Words(int64_t n) { return (n + 31) / 32; }
 

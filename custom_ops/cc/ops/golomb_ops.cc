@@ -6,20 +6,13 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "custom_ops/cc/ops/shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace tfgc {
-namespace {
-
-using tensorflow::Tensor;
-using tensorflow::shape_inference::DimensionHandle;
-using tensorflow::shape_inference::InferenceContext;
-using tensorflow::shape_inference::ShapeHandle;
-
-}  // namespace
 
 REGISTER_OP("Tfgc>GolombEncode")
     .Input("indices: T")
@@ -31,9 +24,7 @@ REGISTER_OP("Tfgc>GolombEncode")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle indices;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &indices));
-      ShapeHandle unused;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &unused));
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 1, 2));
       // The byte count depends on the gaps: known only when k = 0.
       const DimensionHandle k = c->Dim(indices, 0);
       const bool empty = c->ValueKnown(k) && c->Value(k) == 0;
@@ -59,15 +50,11 @@ REGISTER_OP("Tfgc>GolombDecode")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle unused;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 0, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 0, &unused));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &unused));
+      TF_RETURN_IF_ERROR(ScalarInputs(c, 1, 3));
       DimensionHandle len = c->UnknownDim();
       const Tensor* k = c->input_tensor(1);
       if (k != nullptr) {
-        const int64_t kv = k->dtype() == tensorflow::DT_INT32
-                               ? static_cast<int64_t>(k->scalar<int32_t>()())
-                               : k->scalar<int64_t>()();
+        const int64_t kv = IntScalarValue(*k);
         // A negative k is left to the kernel (InvalidArgumentError at run
         // time, in eager and graph mode alike).
         if (kv >= 0) len = c->MakeDim(kv);

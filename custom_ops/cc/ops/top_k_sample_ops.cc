@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "custom_ops/cc/ops/shape_fns.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -13,25 +14,16 @@
 namespace tfgc {
 namespace {
 
-using tensorflow::Tensor;
-using tensorflow::shape_inference::DimensionHandle;
-using tensorflow::shape_inference::InferenceContext;
-using tensorflow::shape_inference::ShapeHandle;
-
 // Output length: k for the exact-k modes when k is known, unknown otherwise.
 absl::Status SelectionLength(InferenceContext* c, int k_input,
                              DimensionHandle* out) {
-  ShapeHandle unused;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(k_input), 0, &unused));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(k_input + 1), 0, &unused));
+  TF_RETURN_IF_ERROR(ScalarInputs(c, k_input, k_input + 1));
   std::string mode;
   TF_RETURN_IF_ERROR(c->GetAttr("mode", &mode));
   *out = c->UnknownDim();
   const Tensor* k = c->input_tensor(k_input);
   if (k == nullptr || mode == "threshold") return absl::OkStatus();
-  const int64_t kv = k->dtype() == tensorflow::DT_INT32
-                         ? static_cast<int64_t>(k->scalar<int32_t>()())
-                         : k->scalar<int64_t>()();
+  const int64_t kv = IntScalarValue(*k);
   // An out-of-range k is left to the kernel, which raises
   // InvalidArgumentError at run time in eager and graph mode alike.
   const DimensionHandle num = c->NumElements(c->input(0));

@@ -1,0 +1,96 @@
+"""Timing, command line and result files shared by the benchmark scripts.
+
+The scripts run as `python benchmarks/<name>.py`, so this module is imported
+as `_common` from their own directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import tensorflow as tf
+
+from tfgc.ops import _library
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def timeit(
+    fn: Callable[[], object], repeats: int, fetch_below: float = math.inf
+) -> float:
+    """Median wall time in milliseconds of fn() after one warm-up call.
+
+    fn's result (its first element for a tuple or list) is copied to numpy
+    inside the timing when it has fewer than `fetch_below` elements (eager
+    ops are synchronous; the copy makes that explicit).
+    """
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        if hasattr(out, "numpy") and out.shape.num_elements() < fetch_below:
+            out.numpy()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def parse_args(
+    doc: str,
+    argv: list[str] | None,
+    *,
+    sizes: str,
+    densities: str,
+    repeats: int,
+    reference_help: str,
+    output: str,
+) -> argparse.Namespace:
+    """The options every benchmark has; `output` is a name in results/."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--sizes", default=sizes)
+    parser.add_argument("--densities", default=densities)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument(
+        "--reference-max-n", type=float, default=25e6, help=reference_help
+    )
+    parser.add_argument("--output", default=os.path.join(RESULTS, output))
+    args = parser.parse_args(argv)
+    if not _library.using_custom_ops():
+        print("warning: custom ops not loaded; timing the references")
+    args.sizes = [int(float(s)) for s in args.sizes.split(",") if s]
+    args.densities = [float(d) for d in args.densities.split(",") if d]
+    return args
+
+
+def machine_meta(repeats: int) -> dict:
+    """What the results say about the machine and the run."""
+    return {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "tensorflow": tf.__version__,
+        "intra_op_threads": (
+            tf.config.threading.get_intra_op_parallelism_threads()
+            or os.cpu_count()
+        ),
+        "custom_ops": _library.using_custom_ops(),
+        "repeats": repeats,
+        "unit": "ms (median)",
+    }
+
+
+def write_results(output: str, results: dict, markdown: str) -> None:
+    """Writes `output`.json (results) and `output`.md (markdown)."""
+    os.makedirs(os.path.dirname(output), exist_ok=True)
+    with open(output + ".json", "w") as f:
+        json.dump(results, f, indent=1)
+    with open(output + ".md", "w") as f:
+        f.write(markdown)
+    print(f"wrote {output}.md and .json")
