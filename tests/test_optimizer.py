@@ -286,6 +286,23 @@ def test_bad_arguments(kwargs, error, match):
         tfgc.CompressedOptimizer(keras.optimizers.SGD(0.1), **kwargs)
 
 
+def test_refused_configuration_leaves_inner_optimizer_untouched():
+    inner = keras.optimizers.SGD(0.1)
+    with pytest.raises(ValueError):
+        tfgc.CompressedOptimizer(inner, "topk", communicator="allreduce")
+    assert "_all_reduce_sum_gradients" not in vars(inner)
+
+
+def test_options_with_a_communicator_instance_are_refused():
+    options = tf.distribute.experimental.CommunicationOptions()
+    with pytest.raises(ValueError, match="Received both"):
+        tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.1),
+            communicator=tfgc.communicators.Auto(),
+            communication_options=options,
+        )
+
+
 def test_inner_must_be_a_keras_optimizer():
     with pytest.raises(TypeError, match="inner_optimizer"):
         tfgc.CompressedOptimizer("sgd")

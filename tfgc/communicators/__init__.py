@@ -21,6 +21,12 @@ def get(identifier, options=None) -> Communicator:
     """Returns a communicator from a name ("auto", "allreduce",
     "allgather"), a `{"name": ..., "config": ...}` dict, or an instance."""
     if isinstance(identifier, Communicator):
+        if options is not None:
+            raise ValueError(
+                "Pass `options` with a communicator name, or give the "
+                "Communicator instance its own options. Received both: "
+                f"{identifier!r} and options={options!r}"
+            )
         return identifier
     if isinstance(identifier, dict):
         cls = _BY_NAME.get(identifier.get("name"))

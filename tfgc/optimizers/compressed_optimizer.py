@@ -132,9 +132,10 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 f"min_compress_size={min_compress_size!r}"
             )
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(f"`seed` must be an integer. Received: {seed!r}")
+            raise ValueError(
+                f"`seed` must be an integer. Received: seed={seed!r}"
+            )
         super().__init__(learning_rate=0.0, name=name)
-        _keras_compat.disable_gradient_sum(inner_optimizer)
         self.inner_optimizer = inner_optimizer
         self.compressor = compressors_lib.get(compressor)
         self.error_feedback = bool(error_feedback)
@@ -150,6 +151,9 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 f"{self.communicator.name!r} cannot carry. Use "
                 "communicator='auto' or 'allgather'."
             )
+        # Last, so that a refused configuration leaves the user's optimizer
+        # as it was.
+        _keras_compat.disable_gradient_sum(inner_optimizer)
 
     # --- building ----------------------------------------------------------
 
