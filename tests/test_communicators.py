@@ -41,7 +41,7 @@ def test_fused_equals_one_collective_per_tensor(op, mirrored):
                 ]
             else:
                 fused = fusion.all_gather(tensors, ctx)
-                # The per-tensor reference gathers each tensor as int64
+                # The per-tensor reference gathers each tensor as float64
                 # (a type every gather kernel takes) and casts back.
                 single = [
                     tf.cast(
