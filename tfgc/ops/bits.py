@@ -19,7 +19,9 @@ def num_words(n: int) -> int:
 
 
 def _check_mask(mask: tf.Tensor) -> tf.Tensor:
-    mask = tf.reshape(tf.convert_to_tensor(mask), [-1])
+    mask = tf.convert_to_tensor(mask)
+    if mask.shape.rank != 1:  # an eager reshape costs as much as a 1M pack
+        mask = tf.reshape(mask, [-1])
     if mask.dtype != tf.bool:
         raise TypeError(
             f"`mask` must be a boolean tensor. Received: dtype={mask.dtype}"

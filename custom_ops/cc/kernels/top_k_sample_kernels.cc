@@ -5,18 +5,23 @@
 //
 // The CPU algorithm reads the input two or three times whatever `rounds` is:
 //   1. statistics: sum, max and count of the finite keys (fused with
-//      acc = gradient + residual in the residual variant; SSE2 for float32);
-//   2. counts at six coarse thresholds (the ratios 1/2, 1/4, ..., 1/64 the
-//      bisection visits first, or the five trimmed top-k ratios), which
-//      answer the first rounds and bound all later thresholds from below.
-//      For inputs of 256 Ki keys or more, a strided sample of 64 Ki keys
-//      predicts that bound and the same pass compacts the keys above it;
-//   3. only when there was no prediction or it was too high: an ordered
-//      compaction of the candidates (keys at or above the bound);
-// then the remaining rounds, and the final selection, run on the candidates
-// (typically well under 1 % of the input for densities of 0.1-1 %).
-// Every pass is split into fixed blocks run on the intra-op thread pool, and
-// every result is exactly the one of the pure-TF reference.
+//      acc = gradient + residual in the residual variant);
+//   2. counts at six thresholds: for the bisection the ratios 1/2, 1/4, ...,
+//      1/64 it visits first, which answer the first rounds and bound all
+//      later thresholds from below; for trimmed top-k its five ratios plus
+//      a threshold about 1.5 k keys exceed. For inputs of 256 Ki keys or
+//      more, a sample of 64 Ki keys (256 runs of 256) predicts the bound
+//      (or that threshold) and the same pass compacts the elements above it
+//      as candidates (value and index);
+//   3. only when there was no prediction or it was wrong: an ordered
+//      compaction of the candidates at the exact bound;
+// then the remaining rounds run on the candidates (dropping those below the
+// bisection's lower end as it rises), trimmed top-k finds the k-th largest
+// key by radix selection, and the selection is written from the candidates.
+// Every full pass is split into fixed blocks run on the intra-op thread
+// pool, and every result is exactly the one of the pure-TF reference. The
+// two full passes have AVX2 versions (simd.h), chosen at run time, that read
+// float32, float16 (F16C) and bfloat16 directly, eight keys per instruction.
 
 #define EIGEN_USE_THREADS
 
@@ -24,8 +29,10 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -34,12 +41,10 @@
 #include "absl/strings/str_cat.h"
 #include "custom_ops/cc/kernels/kernel_utils.h"
 #include "custom_ops/cc/kernels/parallel.h"
+#include "custom_ops/cc/kernels/simd.h"
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
 #include "tensorflow/core/framework/register_types.h"
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
 
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU
@@ -101,63 +106,57 @@ inline void AccumulateScalar(const T* x, int64_t begin, int64_t end,
   out->finite = finite;
 }
 
-#if defined(__SSE2__)
-// float32 statistics four keys at a time: finite keys masked in, widened
-// to double in two lanes pairs (fixed lane order: deterministic).
-inline void AccumulateFloat(const float* x, int64_t begin, int64_t end,
-                            BlockStats* out) {
-  const __m128 abs_mask = _mm_castsi128_ps(_mm_set1_epi32(0x7fffffff));
-  const __m128 big = _mm_set1_ps(kMaxFloat);
-  __m128d s0 = _mm_setzero_pd(), s1 = _mm_setzero_pd();
-  __m128d s2 = _mm_setzero_pd(), s3 = _mm_setzero_pd();
-  __m128 mx = _mm_setzero_ps();
-  __m128i cnt = _mm_setzero_si128();
+#if TFGC_HAVE_AVX2_PATH
+// Statistics sixteen keys at a time: finite keys masked in, widened to
+// double in four accumulators (fixed lane order: deterministic).
+template <typename T>
+TFGC_AVX2 void AccumulateAvx2(const T* x, int64_t begin, int64_t end,
+                              BlockStats* out) {
+  const __m256 big = _mm256_set1_ps(kMaxFloat);
+  __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+  __m256d s2 = _mm256_setzero_pd(), s3 = _mm256_setzero_pd();
+  __m256 mx = _mm256_setzero_ps();
+  __m256i cnt = _mm256_setzero_si256();
   int64_t i = begin;
-  for (; i + 8 <= end; i += 8) {
-    const __m128 a = _mm_and_ps(_mm_loadu_ps(x + i), abs_mask);
-    const __m128 b = _mm_and_ps(_mm_loadu_ps(x + i + 4), abs_mask);
-    const __m128 fa = _mm_cmple_ps(a, big);  // false for NaN and inf
-    const __m128 fb = _mm_cmple_ps(b, big);
-    const __m128 ma = _mm_and_ps(a, fa);
-    const __m128 mb = _mm_and_ps(b, fb);
-    s0 = _mm_add_pd(s0, _mm_cvtps_pd(ma));
-    s1 = _mm_add_pd(s1, _mm_cvtps_pd(_mm_movehl_ps(ma, ma)));
-    s2 = _mm_add_pd(s2, _mm_cvtps_pd(mb));
-    s3 = _mm_add_pd(s3, _mm_cvtps_pd(_mm_movehl_ps(mb, mb)));
-    mx = _mm_max_ps(mx, _mm_max_ps(ma, mb));
-    cnt = _mm_sub_epi32(cnt, _mm_castps_si128(fa));
-    cnt = _mm_sub_epi32(cnt, _mm_castps_si128(fb));
+  for (; i + 16 <= end; i += 16) {
+    const __m256 a = LoadMagnitude8(x + i);
+    const __m256 b = LoadMagnitude8(x + i + 8);
+    const __m256 fa = _mm256_cmp_ps(a, big, _CMP_LE_OQ);  // NaN, inf: false
+    const __m256 fb = _mm256_cmp_ps(b, big, _CMP_LE_OQ);
+    const __m256 ma = _mm256_and_ps(a, fa);
+    const __m256 mb = _mm256_and_ps(b, fb);
+    s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(ma)));
+    s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(ma, 1)));
+    s2 = _mm256_add_pd(s2, _mm256_cvtps_pd(_mm256_castps256_ps128(mb)));
+    s3 = _mm256_add_pd(s3, _mm256_cvtps_pd(_mm256_extractf128_ps(mb, 1)));
+    mx = _mm256_max_ps(mx, _mm256_max_ps(ma, mb));
+    cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(fa));
+    cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(fb));
   }
-  alignas(16) double d[8];
-  _mm_store_pd(d, s0);
-  _mm_store_pd(d + 2, s1);
-  _mm_store_pd(d + 4, s2);
-  _mm_store_pd(d + 6, s3);
-  alignas(16) float m[4];
-  _mm_store_ps(m, mx);
-  alignas(16) int32_t c[4];
-  _mm_store_si128(reinterpret_cast<__m128i*>(c), cnt);
+  alignas(32) double d[16];
+  _mm256_store_pd(d, s0);
+  _mm256_store_pd(d + 4, s1);
+  _mm256_store_pd(d + 8, s2);
+  _mm256_store_pd(d + 12, s3);
+  alignas(32) float m[8];
+  _mm256_store_ps(m, mx);
   BlockStats tail;
-  AccumulateScalar(x + i, 0, end - i, &tail);  // < 8 keys left
+  AccumulateScalar(x + i, 0, end - i, &tail);  // < 16 keys left
   double sum = tail.sum;
-  for (int l = 0; l < 8; ++l) sum += d[l];
+  for (double v : d) sum += v;
   float mxs = tail.max;
-  for (int l = 0; l < 4; ++l) mxs = std::max(mxs, m[l]);
+  for (float v : m) mxs = std::max(mxs, v);
   out->sum = sum;
   out->max = mxs;
-  out->finite =
-      tail.finite + int64_t{c[0]} + int64_t{c[1]} + int64_t{c[2]} + c[3];
+  out->finite = tail.finite + HorizontalSum(cnt);
 }
-#endif  // __SSE2__
+#endif  // TFGC_HAVE_AVX2_PATH
 
 template <typename T>
 inline void Accumulate(const T* x, int64_t begin, int64_t end,
                        BlockStats* out) {
-#if defined(__SSE2__)
-  if constexpr (std::is_same_v<T, float>) {
-    AccumulateFloat(x, begin, end, out);
-    return;
-  }
+#if TFGC_HAVE_AVX2_PATH
+  if (UseAvx2()) return AccumulateAvx2(x, begin, end, out);
 #endif
   AccumulateScalar(x, begin, end, out);
 }
@@ -220,14 +219,11 @@ Stats AddAndComputeStats(OpKernelContext* ctx, const T* g, const T* r, T* acc,
 // NaN, which no key passes).
 constexpr int kCoarse = 6;
 
-struct Candidates {
-  std::vector<float> key;
-  std::vector<int32_t> index;
-};
+inline float CandidateKey(float value) { return KeyOf(std::fabs(value)); }
 
-// Growable, uninitialised (key, index) storage for one block's candidates.
+// Growable, uninitialised (value, index) storage for one block's candidates.
 struct CandidateBuffer {
-  std::unique_ptr<float[]> key;
+  std::unique_ptr<float[]> value;
   std::unique_ptr<int32_t[]> index;
   int64_t size = 0;
   int64_t capacity = 0;
@@ -235,100 +231,144 @@ struct CandidateBuffer {
   void Reserve(int64_t want) {
     if (want <= capacity) return;
     const int64_t cap = std::max(want, 2 * capacity);
-    std::unique_ptr<float[]> k(new float[cap]);
+    std::unique_ptr<float[]> v(new float[cap]);
     std::unique_ptr<int32_t[]> i(new int32_t[cap]);
-    std::copy(key.get(), key.get() + size, k.get());
+    std::copy(value.get(), value.get() + size, v.get());
     std::copy(index.get(), index.get() + size, i.get());
-    key = std::move(k);
+    value = std::move(v);
     index = std::move(i);
     capacity = cap;
   }
 };
 
-// Predicts, from a strided sample of about 64 Ki keys, the coarse level the
-// counts will choose: the first j whose count is `>= k` (at_least) or `> k`,
-// one level lower when the estimate is within 25 % of k (a superset is
-// needed, so the prediction errs low). Returns -1 for no prediction and sets
-// `*fraction` to the sampled fraction of keys passing the predicted level.
+// Candidates hold the element's value (as float, exactly) rather than its
+// key, so that writing the selection never reads the input again. The
+// kernel keeps one Candidates between calls: the fresh pages of a few MB of
+// candidates cost more than the pass that fills them.
+struct Candidates {
+  std::vector<float> value;
+  std::vector<int32_t> index;
+  std::vector<CandidateBuffer> parts;  // per-block output of the fused pass
+  std::vector<uint32_t> radix;         // ExactTopK's keys
+};
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// Appends element i (value v) to the candidates.
+inline void Append(float v, int64_t i, CandidateBuffer* part) {
+  part->value[part->size] = v;
+  part->index[part->size] = static_cast<int32_t>(i);
+  ++part->size;
+}
+
+// Adds to c[j] the number of keys of x[begin, end) passing th[j] and appends
+// the elements passing `thr` (none when thr is NaN) to `part`, in index
+// order. The caller reserved room for every element of the range.
+template <typename T, bool kStrict>
+void CountRangeScalar(const T* x, int64_t begin, int64_t end, const float* th,
+                      float thr, int64_t* c, CandidateBuffer* part) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float v = static_cast<float>(x[i]);
+    const float a = std::fabs(v);
+    for (int j = 0; j < kCoarse; ++j) c[j] += kStrict ? a > th[j] : a >= th[j];
+    if (kStrict ? a > thr : a >= thr) Append(v, i, part);
+  }
+}
+
+#if TFGC_HAVE_AVX2_PATH
+// CountRangeScalar eight keys per compare. The append is branch-free: the
+// passing lanes are permuted to the front and all eight stored, and the
+// size grows by their number, so `part` needs 8 slots of slack.
+template <typename T, bool kStrict>
+TFGC_AVX2 void CountRangeAvx2(const T* x, int64_t begin, int64_t end,
+                              const float* th, float thr, int64_t* c,
+                              CandidateBuffer* part) {
+  constexpr int kCmp = kStrict ? _CMP_GT_OQ : _CMP_GE_OQ;  // NaN: false
+  __m256 t[kCoarse];
+  __m256i acc[kCoarse];
+  for (int j = 0; j < kCoarse; ++j) {
+    t[j] = _mm256_set1_ps(th[j]);
+    acc[j] = _mm256_setzero_si256();
+  }
+  const __m256 tl = _mm256_set1_ps(thr);
+  const LeftPackTable& pack = LeftPack();
+  float* out_value = part->value.get();
+  int32_t* out_index = part->index.get();
+  int64_t size = part->size;
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 raw = LoadFloat8(x + i);
+    const __m256 v = Abs8(raw);
+    for (int j = 0; j < kCoarse; ++j) {
+      const __m256 m = _mm256_cmp_ps(v, t[j], kCmp);
+      acc[j] = _mm256_sub_epi32(acc[j], _mm256_castps_si256(m));
+    }
+    const int bits = _mm256_movemask_ps(_mm256_cmp_ps(v, tl, kCmp));
+    const __m256i lanes = _mm256_load_si256(
+        reinterpret_cast<const __m256i*>(pack.lanes[bits]));
+    _mm256_storeu_ps(out_value + size, _mm256_permutevar8x32_ps(raw, lanes));
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(out_index + size),
+        _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int32_t>(i))));
+    size += __builtin_popcount(bits);
+  }
+  part->size = size;
+  for (int j = 0; j < kCoarse; ++j) c[j] += HorizontalSum(acc[j]);
+  CountRangeScalar<T, kStrict>(x, i, end, th, thr, c, part);  // < 8 left
+}
+#endif  // TFGC_HAVE_AVX2_PATH
+
+template <typename T, bool kStrict>
+void CountRange(const T* x, int64_t begin, int64_t end, const float* th,
+                float thr, int64_t* c, CandidateBuffer* part) {
+#if TFGC_HAVE_AVX2_PATH
+  if (UseAvx2()) {
+    return CountRangeAvx2<T, kStrict>(x, begin, end, th, thr, c, part);
+  }
+#endif
+  CountRangeScalar<T, kStrict>(x, begin, end, th, thr, c, part);
+}
+
+// The samples that predict where to compact: kRuns runs of kRun
+// consecutive keys (16 cache lines, prefetched, read far faster than 64 Ki
+// keys one cache line apart), spread evenly, in inputs of kMinSampled keys
+// or more (below that the exact passes are cheap).
+constexpr int64_t kRuns = 256;
+constexpr int64_t kRun = 256;
+constexpr int64_t kMinSampled = 4 * kRuns * kRun;
+
+inline int64_t RunBegin(int64_t n, int64_t r) {
+  const int64_t stride = n / kRuns;
+  return r * stride + (stride - kRun) / 2;
+}
+
+// Predicts, from the samples, the coarse level the counts will choose: the
+// first j whose count is `> k`, one level lower when the estimate is within
+// 25 % of k (a superset is needed, so the prediction errs low). Returns -1
+// for no prediction and sets `*fraction` to the sampled fraction of keys
+// passing the predicted level.
 template <typename T, bool kStrict>
 int PredictLevel(const T* x, int64_t n, int64_t k,
                  const std::array<float, kCoarse>& t, int levels,
-                 bool at_least, double* fraction) {
-  constexpr int64_t kSample = int64_t{1} << 16;
-  if (n < 4 * kSample) return -1;  // small inputs: the exact passes are cheap
-  const int64_t stride = n / kSample;
+                 double* fraction) {
+  if (n < kMinSampled) return -1;
   int64_t c[kCoarse] = {0};
-  int64_t samples = 0;
-  for (int64_t i = stride / 2; i < n; i += stride, ++samples) {
-    const float a = Magnitude(x[i]);
-    for (int j = 0; j < levels; ++j) c[j] += kStrict ? a > t[j] : a >= t[j];
+  CandidateBuffer none;  // nothing passes NaN; the AVX2 path needs slack
+  none.Reserve(8);
+  for (int64_t r = 0; r < kRuns; ++r) {
+    const int64_t begin = RunBegin(n, r);
+    CountRange<T, kStrict>(x, begin, begin + kRun, t.data(), kNaN, c, &none);
   }
+  const int64_t samples = kRuns * kRun;
   for (int j = 0; j < levels; ++j) {
     const double est = static_cast<double>(c[j]) * n / samples;
-    if (at_least ? est >= k : est > k) {
+    if (est > k) {
       const int level = est < 1.25 * k ? std::min(j + 1, levels - 1) : j;
       *fraction = static_cast<double>(c[level]) / samples;
       return level;
     }
   }
   return -1;
-}
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Adds to c[j] the number of mag[0..len) passing th[j] and appends those
-// passing `thr` (never when thr is NaN) with indices offset by `base`. With
-// SSE2: four keys per compare, and a movemask test so the rarely taken
-// append costs nothing for groups of four that do not pass.
-template <bool kStrict>
-inline void CountChunk(const float* mag, int64_t len, const float* th,
-                       float thr, int64_t base, uint32_t* c,
-                       CandidateBuffer* part) {
-  part->Reserve(part->size + len);  // room for the whole chunk
-  float* out_key = part->key.get() + part->size;
-  int32_t* out_index = part->index.get() + part->size;
-  int64_t out = 0;
-  int64_t i = 0;
-#if defined(__SSE2__)
-  __m128 t[kCoarse];
-  __m128i acc[kCoarse];
-  for (int j = 0; j < kCoarse; ++j) {
-    t[j] = _mm_set1_ps(th[j]);
-    acc[j] = _mm_setzero_si128();
-  }
-  const __m128 tl = _mm_set1_ps(thr);
-  for (; i + 4 <= len; i += 4) {
-    const __m128 v = _mm_loadu_ps(mag + i);
-    for (int j = 0; j < kCoarse; ++j) {
-      const __m128 m = kStrict ? _mm_cmpgt_ps(v, t[j]) : _mm_cmpge_ps(v, t[j]);
-      acc[j] = _mm_sub_epi32(acc[j], _mm_castps_si128(m));
-    }
-    int bits = _mm_movemask_ps(kStrict ? _mm_cmpgt_ps(v, tl)
-                                       : _mm_cmpge_ps(v, tl));
-    while (bits != 0) {
-      const int l = __builtin_ctz(bits);
-      out_key[out] = mag[i + l];
-      out_index[out] = static_cast<int32_t>(base + i + l);
-      ++out;
-      bits &= bits - 1;
-    }
-  }
-  for (int j = 0; j < kCoarse; ++j) {
-    alignas(16) uint32_t lanes[4];
-    _mm_store_si128(reinterpret_cast<__m128i*>(lanes), acc[j]);
-    c[j] += lanes[0] + lanes[1] + lanes[2] + lanes[3];
-  }
-#endif
-  for (; i < len; ++i) {
-    const float a = mag[i];
-    for (int j = 0; j < kCoarse; ++j) c[j] += kStrict ? a > th[j] : a >= th[j];
-    if (kStrict ? a > thr : a >= thr) {
-      out_key[out] = a;
-      out_index[out] = static_cast<int32_t>(base + i);
-      ++out;
-    }
-  }
-  part->size += out;
 }
 
 // One pass: per-block counts of the keys passing each coarse threshold
@@ -340,39 +380,40 @@ std::vector<std::array<int64_t, kCoarse>> CountAndCompact(
     OpKernelContext* ctx, const T* x, const std::array<float, kCoarse>& t,
     int level, double fraction, const Blocks& blocks, Candidates* cand) {
   std::vector<std::array<int64_t, kCoarse>> counts(blocks.count());
-  std::vector<CandidateBuffer> parts(blocks.count());
-  const float thr = level >= 0 ? t[level] : 0.0f;
+  std::vector<CandidateBuffer>& parts = cand->parts;
+  if (static_cast<int64_t>(parts.size()) < blocks.count()) {
+    parts.resize(blocks.count());
+  }
+  for (CandidateBuffer& part : parts) part.size = 0;
+  const float append_thr = level >= 0 ? t[level] : kNaN;
   ForEachBlock(ctx, blocks, [&](int64_t b) {
-    uint32_t c[kCoarse] = {0};
-    float th[kCoarse];
-    for (int j = 0; j < kCoarse; ++j) th[j] = t[j];
+    int64_t c[kCoarse] = {0};
     CandidateBuffer& part = parts[b];
     const int64_t end = blocks.end(b);
+    // Chunks bound what one call may append (plus CountRangeAvx2's slack);
+    // the buffer grows between them.
+    constexpr int64_t kChunk = 4096;
     if (level >= 0) {
       part.Reserve(static_cast<int64_t>(
           1.25 * fraction * static_cast<double>(end - blocks.begin(b)) +
-          2048));
+          kChunk + 8));
     }
-    // Chunks that stay in L1: a branch-free (vectorisable) counting loop,
-    // then the rarely taken compaction branch over the same chunk.
-    constexpr int64_t kChunk = 1024;
-    float mag[kChunk];
     for (int64_t c0 = blocks.begin(b); c0 < end; c0 += kChunk) {
-      const int64_t len = std::min(kChunk, end - c0);
-      for (int64_t i = 0; i < len; ++i) mag[i] = Magnitude(x[c0 + i]);
-      CountChunk<kStrict>(mag, len, th, level >= 0 ? thr : kNaN, c0, c,
-                          &part);
+      const int64_t ce = std::min(end, c0 + kChunk);
+      part.Reserve(part.size + (ce - c0) + 8);
+      CountRange<T, kStrict>(x, c0, ce, t.data(), append_thr, c, &part);
     }
     for (int j = 0; j < kCoarse; ++j) counts[b][j] = c[j];
   });
   if (level >= 0) {
     int64_t total = 0;
-    for (const CandidateBuffer& part : parts) total += part.size;
-    cand->key.reserve(total);
+    for (int64_t b = 0; b < blocks.count(); ++b) total += parts[b].size;
+    cand->value.reserve(total);
     cand->index.reserve(total);
-    for (const CandidateBuffer& part : parts) {
-      cand->key.insert(cand->key.end(), part.key.get(),
-                       part.key.get() + part.size);
+    for (int64_t b = 0; b < blocks.count(); ++b) {
+      const CandidateBuffer& part = parts[b];
+      cand->value.insert(cand->value.end(), part.value.get(),
+                         part.value.get() + part.size);
       cand->index.insert(cand->index.end(), part.index.get(),
                          part.index.get() + part.size);
     }
@@ -400,25 +441,26 @@ void Compact(OpKernelContext* ctx, const T* x,
         level >= 0 ? counts[b][level] : blocks.end(b) - blocks.begin(b);
     offsets[b + 1] = offsets[b] + c;
   }
-  out->key.resize(offsets.back());
+  out->value.resize(offsets.back());
   out->index.resize(offsets.back());
   const float thr = level >= 0 ? t[level] : 0.0f;
   ForEachBlock(ctx, blocks, [&](int64_t b) {
     int64_t o = offsets[b];
     const int64_t end = blocks.end(b);
-    float* key = out->key.data();
+    float* value = out->value.data();
     int32_t* index = out->index.data();
     if (level < 0) {
       for (int64_t i = blocks.begin(b); i < end; ++i, ++o) {
-        key[o] = KeyOf(Magnitude(x[i]));
+        value[o] = static_cast<float>(x[i]);
         index[o] = static_cast<int32_t>(i);
       }
       return;
     }
     for (int64_t i = blocks.begin(b); i < end; ++i) {
-      const float a = Magnitude(x[i]);
+      const float v = static_cast<float>(x[i]);
+      const float a = std::fabs(v);
       if (kStrict ? a > thr : a >= thr) {
-        key[o] = a;
+        value[o] = v;
         index[o] = static_cast<int32_t>(i);
         ++o;
       }
@@ -426,20 +468,22 @@ void Compact(OpKernelContext* ctx, const T* x,
   });
 }
 
-// Number of candidate keys >= thr (> thr when kStrict).
+// Number of candidate keys >= thr (> thr when kStrict). Thresholds are
+// never negative, so |value| gives the same answer as the key (NaN fails).
 template <bool kStrict>
-int64_t CountPassing(OpKernelContext* ctx, const std::vector<float>& key,
+int64_t CountPassing(OpKernelContext* ctx, const std::vector<float>& value,
                      float thr) {
-  const int64_t n = static_cast<int64_t>(key.size());
+  const int64_t n = static_cast<int64_t>(value.size());
   // Below 256 Ki keys one thread beats waking the pool every round.
   Blocks blocks(n, NumThreads(ctx), int64_t{1} << 18);
   std::vector<int64_t> part(blocks.count(), 0);
   ForEachBlock(ctx, blocks, [&](int64_t b) {
     int64_t c = 0;
-    const float* k = key.data();
+    const float* v = value.data();
     const int64_t end = blocks.end(b);
     for (int64_t i = blocks.begin(b); i < end; ++i) {
-      c += kStrict ? (k[i] > thr) : (k[i] >= thr);
+      const float a = std::fabs(v[i]);
+      c += kStrict ? (a > thr) : (a >= thr);
     }
     part[b] = c;
   });
@@ -448,15 +492,65 @@ int64_t CountPassing(OpKernelContext* ctx, const std::vector<float>& key,
   return total;
 }
 
-// Exact top-k of the candidates (which hold every key >= the k-th largest).
-SelectionPlan ExactTopK(const Candidates& cand, int64_t k) {
-  std::vector<float> keys(cand.key);
-  std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(),
-                   [](float a, float b) { return a > b; });
-  const float v = keys[k - 1];
-  int64_t greater = 0;
-  for (float a : cand.key) greater += a > v;
-  return ExactPlan(v, greater, k);
+// Keeps, in order, the candidates whose key is >= thr (> thr when kStrict).
+template <bool kStrict>
+void Prune(float thr, Candidates* cand) {
+  const int64_t n = static_cast<int64_t>(cand->value.size());
+  float* v = cand->value.data();
+  int32_t* idx = cand->index.data();
+  int64_t out = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = CandidateKey(v[i]);
+    v[out] = v[i];
+    idx[out] = idx[i];
+    out += kStrict ? (a > thr) : (a >= thr);
+  }
+  cand->value.resize(out);
+  cand->index.resize(out);
+}
+
+// An unsigned integer with the order of the keys: NaN (key -1) lowest, then
+// the non-negative floats in the order of their bit patterns.
+inline uint32_t RadixKey(float value) {
+  const float key = CandidateKey(value);
+  if (key < 0.0f) return 0;
+  uint32_t bits;
+  std::memcpy(&bits, &key, sizeof(bits));
+  return bits + 1;  // at most 0x7f800001 (+inf)
+}
+
+// Exact top-k of the candidates (which hold every key >= the k-th largest):
+// the k-th largest key by radix selection, 11 + 11 + 10 bits at a time,
+// each pass over the keys that share the digits found so far.
+SelectionPlan ExactTopK(Candidates* cand, int64_t k) {
+  std::vector<uint32_t>& keys = cand->radix;
+  keys.resize(cand->value.size());
+  std::transform(cand->value.begin(), cand->value.end(), keys.begin(),
+                 RadixKey);
+  uint32_t prefix = 0;
+  int64_t need = k;  // rank of the k-th largest among the remaining keys
+  constexpr int kShifts[3] = {21, 10, 0};
+  constexpr int kWidths[3] = {11, 11, 10};
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = kShifts[pass];
+    const uint32_t digits = (uint32_t{1} << kWidths[pass]) - 1;
+    std::vector<int64_t> hist(digits + 1, 0);
+    for (uint32_t u : keys) ++hist[(u >> shift) & digits];
+    uint32_t d = digits;
+    while (hist[d] < need) need -= hist[d--];  // sum of all hist >= need
+    prefix |= d << shift;
+    const uint32_t mask = ~uint32_t{0} << shift;
+    keys.erase(std::remove_if(keys.begin(), keys.end(),
+                              [&](uint32_t u) { return (u & mask) != prefix; }),
+               keys.end());
+  }
+  float v = -1.0f;
+  if (prefix != 0) {
+    const uint32_t bits = prefix - 1;
+    std::memcpy(&v, &bits, sizeof(v));
+  }
+  // need = how many keys equal to v the selection takes.
+  return ExactPlan(v, k - need, k);
 }
 
 // The bisection starts at ratio 1/2 and halves the ratio while counts stay
@@ -477,7 +571,7 @@ SelectionPlan BisectionPlan(OpKernelContext* ctx, const T* x, int64_t n,
   Blocks blocks(n, NumThreads(ctx));
   double fraction = 0.0;
   const int predicted = PredictLevel<T, kStrict>(
-      x, n, k, t, std::min(rounds, kCoarse), false, &fraction);
+      x, n, k, t, std::min(rounds, kCoarse), &fraction);
   const auto counts = CountAndCompact<T, kStrict>(ctx, x, t, predicted,
                                                   fraction, blocks, cand);
   Bisection bis(mode, k, st.mean, st.diff);
@@ -492,47 +586,87 @@ SelectionPlan BisectionPlan(OpKernelContext* ctx, const T* x, int64_t n,
     }
   }
   if (level < 0 || predicted < 0 || level > predicted) {
-    cand->key.clear();
+    cand->value.clear();
     cand->index.clear();
     Compact<T, kStrict>(ctx, x, counts, t, level, blocks, cand);
   }  // else the fused pass already holds a superset of the candidates
   for (; round < rounds && !bis.accepted(); ++round) {
-    bis.Update(CountPassing<kStrict>(ctx, cand->key, bis.NextThreshold()));
+    bis.Update(CountPassing<kStrict>(ctx, cand->value, bis.NextThreshold()));
+    // Later thresholds and the final selection lie above the lowest count
+    // > k: drop what is below once that halves the candidates.
+    if (bis.has_lo() &&
+        2 * bis.lo_count() <= static_cast<int64_t>(cand->value.size())) {
+      Prune<kStrict>(bis.lo_thr(), cand);
+    }
   }
   if (mode == TopKSampleMode::kMsTopK) return MsTopKPlan(bis, n, k, seed);
   if (bis.has_lo()) return ThresholdPlan(bis);
-  return ExactTopK(*cand, k);  // no count above k: candidates are everything
+  return ExactTopK(cand, k);  // no count above k: candidates are everything
 }
 
-// Trimmed top-k: the highest of the ratios 0.8, 0.6, ..., 0 whose threshold
-// at least k keys exceed bounds the candidates; exact top-k among them.
+// A threshold that, judged from the samples, about 1.5 k keys (plus three
+// standard deviations) exceed. False when there is no such prediction.
+template <typename T>
+bool SampledThreshold(const T* x, int64_t n, int64_t k, float* thr,
+                      double* fraction) {
+  if (n < kMinSampled) return false;
+  std::vector<float> keys;
+  keys.reserve(kRuns * kRun);
+  for (int64_t r = 0; r < kRuns; ++r) {
+    const int64_t begin = RunBegin(n, r);
+    for (int64_t i = begin; i < begin + kRun; ++i) {
+      keys.push_back(KeyOf(Magnitude(x[i])));
+    }
+  }
+  const int64_t samples = static_cast<int64_t>(keys.size());
+  const double expect = static_cast<double>(k) * samples / n;
+  const auto rank = static_cast<int64_t>(
+      std::ceil(1.5 * expect + 3.0 * std::sqrt(expect) + 4.0));
+  if (rank >= samples) return false;
+  std::nth_element(keys.begin(), keys.begin() + rank, keys.end(),
+                   [](float a, float b) { return a > b; });
+  *thr = keys[rank];
+  *fraction = static_cast<double>(rank) / samples;
+  return *thr >= 0.0f;  // not a NaN key
+}
+
+// Trimmed top-k is the exact top-k of the keys above the highest of the
+// ratios 0.8, 0.6, ..., 0 whose threshold at least k keys exceed; that is
+// the exact top-k whatever superset it is taken from. So the counting pass
+// also counts a threshold predicted from the samples to hold about 1.5 k
+// keys and compacts those; only when fewer than k keys exceed it (rare) is
+// the reference's ratio level compacted in another pass.
 template <typename T>
 SelectionPlan TrimmedPlan(OpKernelContext* ctx, const T* x, int64_t n,
                           int64_t k, const Stats& st, Candidates* cand) {
+  static_assert(kTrimmedSteps < kCoarse, "a slot for the sampled threshold");
   std::array<float, kCoarse> t;
-  t.fill(std::numeric_limits<float>::quiet_NaN());
+  t.fill(kNaN);
   for (int j = 0; j < kTrimmedSteps; ++j) {
     t[j] = Threshold(st.mean, st.diff, kTrimmedRatios[j]);
   }
-  Blocks blocks(n, NumThreads(ctx));
+  int sampled = -1;
   double fraction = 0.0;
-  const int predicted =
-      PredictLevel<T, true>(x, n, k, t, kTrimmedSteps, true, &fraction);
-  const auto counts = CountAndCompact<T, true>(ctx, x, t, predicted,
-                                               fraction, blocks, cand);
-  int level = -1;
+  if (SampledThreshold(x, n, k, &t[kTrimmedSteps], &fraction)) {
+    sampled = kTrimmedSteps;
+  }
+  Blocks blocks(n, NumThreads(ctx));
+  const auto counts = CountAndCompact<T, true>(ctx, x, t, sampled, fraction,
+                                               blocks, cand);
+  if (sampled >= 0 && TotalCount(counts, sampled) >= k) {
+    return ExactTopK(cand, k);
+  }
+  int level = -1;  // none: every key, NaN included, is a candidate
   for (int j = 0; j < kTrimmedSteps; ++j) {
     if (TotalCount(counts, j) >= k) {
       level = j;
       break;
     }
   }
-  if (level < 0 || predicted < 0 || level > predicted) {
-    cand->key.clear();
-    cand->index.clear();
-    Compact<T, true>(ctx, x, counts, t, level, blocks, cand);
-  }
-  return ExactTopK(*cand, k);
+  cand->value.clear();
+  cand->index.clear();
+  Compact<T, true>(ctx, x, counts, t, level, blocks, cand);
+  return ExactTopK(cand, k);
 }
 
 template <typename T>
@@ -554,15 +688,26 @@ SelectionPlan PlanCpu(OpKernelContext* ctx, const T* x, int64_t n, int64_t k,
 
 // Writes the plan's selection from the candidates, in index order.
 template <typename T>
-absl::Status Extract(const T* x, const Candidates& cand,
-                     const SelectionPlan& p, T* values, int32_t* indices,
-                     T* zero) {
+absl::Status Extract(const T* x, const SelectionPlan& p, Candidates* cand_p,
+                     T* values, int32_t* indices, T* zero) {
+  // Everything selected lies in the band or above it (strictly above
+  // `above` when the band is empty): drop the rest first, branch-free.
+  if (p.has_band_lo) {
+    Prune<false>(p.band_lo, cand_p);
+  } else if (p.need == 0 && p.has_above) {
+    if (p.above_strict) {
+      Prune<true>(p.above, cand_p);
+    } else {
+      Prune<false>(p.above, cand_p);
+    }
+  }
+  const Candidates& cand = *cand_p;
   int64_t out = 0;
   int64_t band_rank = 0;
   const int64_t band_end = p.start + p.need;
-  const int64_t size = static_cast<int64_t>(cand.key.size());
+  const int64_t size = static_cast<int64_t>(cand.value.size());
   for (int64_t c = 0; c < size; ++c) {
-    const float a = cand.key[c];
+    const float a = CandidateKey(cand.value[c]);
     bool take;
     if (IsAbove(p, a)) {
       take = true;
@@ -575,7 +720,9 @@ absl::Status Extract(const T* x, const Candidates& cand,
     if (take) {
       if (out >= p.output_size) break;
       const int32_t i = cand.index[c];
-      values[out] = x[i];
+      const float v = cand.value[c];
+      // float -> T is exact for values read from T; NaN payloads may not be.
+      values[out] = std::isnan(v) ? x[i] : static_cast<T>(v);
       indices[out] = i;
       if (zero != nullptr) zero[i] = static_cast<T>(0.0f);
       ++out;
@@ -647,8 +794,34 @@ class TopKSampleOpBase : public OpKernel {
   }
 
  protected:
+  // Lends the kernel's kept Candidates for one Compute (a concurrent call
+  // gets fresh ones) and takes them back, emptied but with their capacity.
+  class CandidateLease {
+   public:
+    explicit CandidateLease(TopKSampleOpBase* op) : op_(op) {
+      std::lock_guard<std::mutex> lock(op_->mu_);
+      cand_ = std::move(op_->kept_);
+      if (cand_ == nullptr) cand_ = std::make_unique<Candidates>();
+    }
+    ~CandidateLease() {
+      cand_->value.clear();
+      cand_->index.clear();
+      std::lock_guard<std::mutex> lock(op_->mu_);
+      op_->kept_ = std::move(cand_);
+    }
+    Candidates* get() { return cand_.get(); }
+
+   private:
+    TopKSampleOpBase* op_;
+    std::unique_ptr<Candidates> cand_;
+  };
+
   TopKSampleMode mode_;
   int rounds_;
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<Candidates> kept_;
 };
 
 absl::Status CheckSameShape(const Tensor& gradient, const Tensor& residual) {
@@ -697,7 +870,8 @@ class TopKSampleOp : public TopKSampleOpBase {
     } else if (k > 0) {
       st = ComputeStats(ctx, xp, n);
     }
-    Candidates cand;
+    CandidateLease lease(this);
+    Candidates& cand = *lease.get();
     SelectionPlan plan;
     if (k > 0) plan = PlanCpu(ctx, xp, n, k, mode_, rounds_, seed, st, &cand);
     Tensor* values = nullptr;
@@ -705,7 +879,7 @@ class TopKSampleOp : public TopKSampleOpBase {
     OP_REQUIRES_OK(ctx,
                    AllocateSelection(ctx, plan.output_size, &values, &indices));
     if (plan.output_size == 0) return;
-    OP_REQUIRES_OK(ctx, Extract(xp, cand, plan, values->flat<T>().data(),
+    OP_REQUIRES_OK(ctx, Extract(xp, plan, &cand, values->flat<T>().data(),
                                 indices->flat<int32_t>().data(), zero));
   }
 };
