@@ -21,6 +21,7 @@ from tfgc.ops.golomb import (
     golomb_optimal_b,
 )
 from tfgc.ops.golomb import max_encoded_bytes as golomb_max_encoded_bytes
+from tfgc.ops.scatter import scatter_add_sum
 from tfgc.ops.top_k_sample import top_k_abs, top_k_sample
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "golomb_max_encoded_bytes",
     "golomb_optimal_b",
     "pack_bits",
+    "scatter_add_sum",
     "top_k_abs",
     "top_k_sample",
     "unpack_bits",
