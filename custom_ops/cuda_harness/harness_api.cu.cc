@@ -4,12 +4,14 @@
 // ctypes (run_harness.py): the same kernel source the TF op uses, built by
 // nvcc alone, so the kernels can be checked and timed on a GPU machine that
 // has no TensorFlow. Every function returns a cudaError_t value (0 = ok).
-
-#include <cuda_runtime.h>
+// Compiled as C++ with -DTFGC_CUDA_EMULATION, the same API runs the kernels
+// on the CPU emulation of cuda_emulation.h (run_harness.py --emulate).
 
 #include <cstdint>
 
 #include "custom_ops/cc/kernels/bits_kernels.h"
+#include "custom_ops/cc/kernels/cuda_launch.h"
+#include "custom_ops/cc/kernels/scatter_kernels.h"
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
 
 namespace {
@@ -100,6 +102,59 @@ int tfgc_unpack_bits_vote(int dtype, const int32_t* words, int64_t p,
                           int64_t n, void* out) {
   return tfgc::gpu::UnpackBitsVote(dtype, words, p, n, out, nullptr);
 }
+
+// out[n] = sum of values[i] at indices[i] (m pairs). The caller passes the
+// float32 accumulator `acc` (n elements; null for float32) and the 4-byte
+// `scratch` flag as their own device buffers, so that the emulation's guard
+// pages catch an access past either. *bad_position gets -1, or the first i
+// with indices[i] outside [0, n) and *bad_index that index.
+int tfgc_scatter_add_sum(int dtype, const void* values,
+                         const int32_t* indices, int64_t m, int64_t n,
+                         void* out, float* acc, void* scratch,
+                         int64_t* bad_position, int32_t* bad_index) {
+  return tfgc::gpu::ScatterAddSum(dtype, values, indices, m, n, out, acc,
+                                  scratch, nullptr, bad_position, bad_index);
+}
+
+#if defined(TFGC_CUDA_EMULATION)
+// What the emulated device reports (multiprocessors, maximum grid size in x)
+// and the order in which a block's threads run between barriers (schedule:
+// 0 round-robin, 1 reverse, 2 random from `seed`).
+int tfgc_emulation_configure(int multiprocessors, int max_grid_x,
+                             int schedule, uint64_t seed) {
+  if (multiprocessors < 1 || max_grid_x < 1 || schedule < 0 ||
+      schedule > 2) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  tfgc::emu::Config config = tfgc::emu::GetConfig();
+  config.multiprocessors = multiprocessors;
+  config.max_grid_x = max_grid_x;
+  config.schedule = static_cast<tfgc::emu::Schedule>(schedule);
+  config.seed = seed;
+  tfgc::emu::Configure(config);
+  return 0;
+}
+
+// float32 -> dtype (1 float16, 2 bfloat16) -> float32 through the device
+// conversions the kernels use, so that the emulated ones can be checked
+// against numpy: `bits` gets the 16-bit patterns, `back` their values.
+int tfgc_emulation_convert(int dtype, const float* in, int64_t n,
+                           uint16_t* bits, float* back) {
+  if (dtype != 1 && dtype != 2) return static_cast<int>(cudaErrorInvalidValue);
+  for (int64_t i = 0; i < n; ++i) {
+    if (dtype == 1) {
+      const __half h = __float2half_rn(in[i]);
+      bits[i] = h.x;
+      back[i] = __half2float(h);
+    } else {
+      const __nv_bfloat16 b = __float2bfloat16_rn(in[i]);
+      bits[i] = b.x;
+      back[i] = __bfloat162float(b);
+    }
+  }
+  return 0;
+}
+#endif
 
 int tfgc_synchronize() { return static_cast<int>(cudaDeviceSynchronize()); }
 

@@ -1,17 +1,22 @@
 """Checks and times tfgc's CUDA kernels without TensorFlow.
 
-Builds `libtfgc_cuda_harness.so` from the same kernel sources the TF op
-uses (custom_ops/cc/kernels/*.cu.cc) plus harness_api.cu.cc, with nvcc
-alone, loads it with ctypes, compares TopKSample and the bit-packing
-kernels against numpy, and times TopKSample against `torch.topk` when
-PyTorch is installed.
+Builds a library from the same kernel sources the TF op uses
+(custom_ops/cc/kernels/*.cu.cc) plus harness_api.cu.cc, loads it with
+ctypes and compares TopKSample, AddResidual, the bit-packing kernels and
+ScatterAddSum against numpy. With nvcc the library runs on a GPU, where
+TopKSample is also timed against `torch.topk` when PyTorch is installed. With
+`--emulate` a C++ compiler builds the same sources against the CPU
+emulation of CUDA in cuda_emulation.h, and the checks run there, on sizes
+suited to a CPU and on several emulated devices and thread schedules.
 
     python custom_ops/cuda_harness/run_harness.py --build-only  # no GPU
     python custom_ops/cuda_harness/run_harness.py               # on a GPU
     python custom_ops/cuda_harness/run_harness.py --sizes 1e6,25e6,1e8
+    python custom_ops/cuda_harness/run_harness.py --emulate     # on a CPU
 
-Needs numpy, nvcc and the CUDA runtime; exit status 0 when every check
-passed, 1 on a mismatch, 2 when no GPU is visible (after building).
+Needs numpy, and nvcc with the CUDA runtime (`CUDA_HOME` or nvcc on PATH)
+or, for --emulate, g++ (or $CXX). Exit status 0 when every check passed,
+1 on a mismatch, 2 when no GPU is visible (after building).
 """
 
 from __future__ import annotations
@@ -19,31 +24,51 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LIB = os.path.join(HERE, "libtfgc_cuda_harness.so")
+EMULATION_LIB = os.path.join(HERE, "libtfgc_cuda_emulation.so")
+HARNESS_API = os.path.join(HERE, "harness_api.cu.cc")
 MODES = ("mstopk", "threshold", "trimmed")
+DTYPES = ("float32", "float16", "bfloat16")  # codes 0, 1, 2 of the C API
+SCHEDULES = ("round-robin", "reverse", "random")
+
+# Sizes of the checks: n = 0, 1, odd, 2^k +- 1, several tiles (2048
+# elements) and stride rounds (256 threads per block).
+GPU_SIZES = (0, 1, 31, 33, 1000, 4097, 100_003, 1_000_000)
+EMULATION_SIZES = (0, 1, 2, 31, 33, 255, 257, 2047, 2049, 4097, 20_001)
+# Emulated devices (multiprocessors, max grid size in x) with a thread
+# schedule and its seed. The kernels size their grids from these, so one
+# block walks every tile and stride step, or several blocks share them.
+EMULATED_DEVICES = (
+    (1, 1, "round-robin", 0),
+    (2, 3, "reverse", 0),
+    (2, 2**31 - 1, "random", 1),
+    (3, 5, "random", 2),
+)
 
 sys.path.insert(0, ROOT)
 from custom_ops import build as ops_build  # noqa: E402
 from custom_ops.cuda_harness.numpy_oracle import np_select  # noqa: E402
 
 
-def build_library(verbose: bool = False) -> str:
-    """Compiles the kernels and the C API into LIB with nvcc."""
+def build_library(output: str = LIB, verbose: bool = False) -> str:
+    """Compiles the kernels and the C API into `output` with nvcc."""
     found = ops_build.find_cuda()
     if found is None:
         raise ops_build.BuildError("nvcc and the CUDA headers were not found")
     nvcc, home = found
     _, cuda_sources = ops_build.sources()
-    srcs = [*cuda_sources, os.path.join(HERE, "harness_api.cu.cc")]
+    srcs = [*cuda_sources, HARNESS_API]
     with tempfile.TemporaryDirectory() as tmp:
         objs = [os.path.join(tmp, f"{i}.o") for i in range(len(srcs))]
         ops_build._compile_all(
@@ -55,14 +80,80 @@ def build_library(verbose: bool = False) -> str:
             "-shared",
             *objs,
             "-o",
-            LIB,
+            output,
             f"-L{os.path.join(home, 'lib64')}",
             "-lcudart",
         ]
         if verbose:
             print(" ".join(cmd))
         subprocess.run(cmd, check=True)
-    return LIB
+    return output
+
+
+def find_cxx() -> str | None:
+    """The C++ compiler of the emulation: $CXX, g++ or c++ (None if none)."""
+    if os.environ.get("CXX"):
+        return shutil.which(os.environ["CXX"])
+    return shutil.which("g++") or shutil.which("c++")
+
+
+def build_emulation(output: str = EMULATION_LIB, verbose: bool = False) -> str:
+    """Compiles the kernels and the C API as C++ on the CUDA emulation."""
+    cxx = find_cxx()
+    if cxx is None:
+        raise ops_build.BuildError("no C++ compiler (g++ or $CXX) was found")
+    _, cuda_sources = ops_build.sources()
+    srcs = [*cuda_sources, HARNESS_API]
+    # -O1: the fibers switch often, so the kernels need not be fast; it
+    # compiles quicker than -O3 and keeps the float arithmetic IEEE.
+    flags = ["-std=c++17", "-O1", "-fPIC", "-pthread", "-Wall", "-Wextra"]
+    with tempfile.TemporaryDirectory() as tmp:
+        objs = [os.path.join(tmp, f"{i}.o") for i in range(len(srcs))]
+        ops_build._compile_all(
+            [
+                [cxx, "-x", "c++", "-c", s, "-o", o, *flags]
+                + ["-DTFGC_CUDA_EMULATION", f"-I{ROOT}"]
+                for s, o in zip(srcs, objs)
+            ],
+            verbose,
+        )
+        staged = os.path.join(tmp, "lib.so")
+        ops_build._run(
+            [cxx, "-shared", "-pthread", *objs, "-o", staged], verbose
+        )
+        os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+        shutil.copyfile(staged, output + ".tmp")
+        os.replace(output + ".tmp", output)
+    return output
+
+
+def to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), nearest even; NaN 0x7fff."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FFF), rounded)
+
+
+def from_bfloat16(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values in the device's representation of `dtype`."""
+    if dtype == "bfloat16":
+        return to_bfloat16(x)
+    with np.errstate(over="ignore"):  # to inf, as on the device
+        return x.astype(dtype)
+
+
+def as_float32(a: np.ndarray, dtype: str) -> np.ndarray:
+    return from_bfloat16(a) if dtype == "bfloat16" else a.astype(np.float32)
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(
+        a.view(np.uint8), b.view(np.uint8)
+    )
 
 
 class Harness:
@@ -70,23 +161,34 @@ class Harness:
 
     def __init__(self, path: str):
         self.lib = ctypes.CDLL(path)
-        i64, vp = ctypes.c_int64, ctypes.c_void_p
+        i32, i64, vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
         self.lib.tfgc_top_k_sample.argtypes = [
-            ctypes.c_int, vp, i64, i64, ctypes.c_int, ctypes.c_int, i64,
-            vp, vp, i64, ctypes.POINTER(i64), vp,
+            i32, vp, i64, i64, i32, i32, i64, vp, vp, i64,
+            ctypes.POINTER(i64), vp,
         ]  # fmt: skip
         self.lib.tfgc_malloc.argtypes = [ctypes.POINTER(vp), i64]
         self.lib.tfgc_free.argtypes = [vp]
         self.lib.tfgc_copy_to_device.argtypes = [vp, vp, i64]
         self.lib.tfgc_copy_to_host.argtypes = [vp, vp, i64]
+        self.lib.tfgc_add_residual.argtypes = [i32, vp, vp, vp, i64]
         self.lib.tfgc_pack_bits.argtypes = [vp, i64, vp]
-        self.lib.tfgc_unpack_bits_sum.argtypes = [
-            ctypes.c_int, vp, vp, i64, i64, vp,
+        self.lib.tfgc_unpack_bits.argtypes = [vp, i64, i64, vp]
+        self.lib.tfgc_unpack_bits_sum.argtypes = [i32, vp, vp, i64, i64, vp]
+        self.lib.tfgc_unpack_bits_vote.argtypes = [i32, vp, i64, i64, vp]
+        self.lib.tfgc_scatter_add_sum.argtypes = [
+            i32, vp, vp, i64, i64, vp, vp, vp, ctypes.POINTER(i64),
+            ctypes.POINTER(ctypes.c_int32),
         ]  # fmt: skip
         self.lib.tfgc_time.argtypes = [
-            ctypes.c_int, ctypes.c_int, vp, i64, i64, ctypes.c_int, vp, vp,
-            i64, ctypes.c_int, ctypes.POINTER(ctypes.c_float),
+            i32, i32, vp, i64, i64, i32, vp, vp, i64, i32,
+            ctypes.POINTER(ctypes.c_float),
         ]  # fmt: skip
+        self.emulated = hasattr(self.lib, "tfgc_emulation_configure")
+        if self.emulated:
+            self.lib.tfgc_emulation_configure.argtypes = [
+                i32, i32, i32, ctypes.c_uint64,
+            ]  # fmt: skip
+            self.lib.tfgc_emulation_convert.argtypes = [i32, vp, i64, vp, vp]
 
     def check(self, err: int, what: str) -> None:
         if err != 0:
@@ -96,6 +198,13 @@ class Harness:
         count = ctypes.c_int(0)
         err = self.lib.tfgc_device_count(ctypes.byref(count))
         return count.value if err == 0 else 0
+
+    def configure(self, sms: int, max_grid: int, schedule: str, seed: int):
+        """Sets the emulated device and thread schedule."""
+        err = self.lib.tfgc_emulation_configure(
+            sms, max_grid, SCHEDULES.index(schedule), seed
+        )
+        self.check(err, "emulation_configure")
 
     def alloc(self, nbytes: int) -> ctypes.c_void_p:
         p = ctypes.c_void_p()
@@ -117,74 +226,445 @@ class Harness:
         )
         return out
 
-    def top_k_sample(self, x: np.ndarray, k: int, mode: str, seed: int = 0):
-        dtype = {np.float32: 0, np.float16: 1}[x.dtype.type]
+    def free(self, *ptrs) -> None:
+        for p in ptrs:
+            self.check(self.lib.tfgc_free(p), "free")
+
+    def top_k_sample(
+        self,
+        x: np.ndarray,
+        dtype: str,
+        k: int,
+        mode: str,
+        seed: int = 0,
+        zero: bool = False,
+    ):
+        """(values, indices, x with the selection zeroed or None)."""
         n = x.size
         cap = max(1, n)
         d_x = self.to_device(x)
         d_v = self.alloc(cap * x.itemsize)
         d_i = self.alloc(cap * 4)
+        d_z = self.to_device(x) if zero else None
         size = ctypes.c_int64(0)
         err = self.lib.tfgc_top_k_sample(
-            dtype, d_x, n, k, MODES.index(mode), 20, seed, d_v, d_i, cap,
-            ctypes.byref(size), None,
+            DTYPES.index(dtype), d_x, n, k, MODES.index(mode), 20, seed,
+            d_v, d_i, cap, ctypes.byref(size), d_z,
         )  # fmt: skip
         self.check(err, "top_k_sample")
         v = self.to_host(d_v, [size.value], x.dtype)
         i = self.to_host(d_i, [size.value], np.int32)
-        for p in (d_x, d_v, d_i):
-            self.lib.tfgc_free(p)
-        return v, i
+        z = self.to_host(d_z, [n], x.dtype) if zero else None
+        self.free(d_x, d_v, d_i, *([d_z] if zero else []))
+        return v, i, z
+
+    def add_residual(self, g: np.ndarray, r: np.ndarray, dtype: str):
+        d_g, d_r = self.to_device(g), self.to_device(r)
+        d_a = self.alloc(max(1, g.nbytes))
+        err = self.lib.tfgc_add_residual(
+            DTYPES.index(dtype), d_g, d_r, d_a, g.size
+        )
+        self.check(err, "add_residual")
+        out = self.to_host(d_a, g.shape, g.dtype)
+        self.free(d_g, d_r, d_a)
+        return out
+
+    def pack_bits(self, mask: np.ndarray) -> np.ndarray:
+        words = (mask.size + 31) // 32
+        d_m, d_w = self.to_device(mask), self.alloc(max(1, words * 4))
+        self.check(self.lib.tfgc_pack_bits(d_m, mask.size, d_w), "pack_bits")
+        out = self.to_host(d_w, [words], np.int32)
+        self.free(d_m, d_w)
+        return out
+
+    def unpack_bits(self, words: np.ndarray, n: int) -> np.ndarray:
+        rows = words.shape[0]
+        d_w, d_m = self.to_device(words), self.alloc(max(1, rows * n))
+        err = self.lib.tfgc_unpack_bits(d_w, rows, n, d_m)
+        self.check(err, "unpack_bits")
+        out = self.to_host(d_m, [rows, n], np.bool_)
+        self.free(d_w, d_m)
+        return out
+
+    def unpack_bits_reduce(self, words, n, scales, dtype, vote: bool):
+        """unpack_bits_vote when `vote`, else unpack_bits_sum."""
+        p = words.shape[0]
+        itemsize = 4 if dtype == "float32" else 2
+        d_w, d_o = self.to_device(words), self.alloc(max(1, n * itemsize))
+        code = DTYPES.index(dtype)
+        if vote:
+            err = self.lib.tfgc_unpack_bits_vote(code, d_w, p, n, d_o)
+            d_s = None
+        else:
+            d_s = self.to_device(scales)
+            err = self.lib.tfgc_unpack_bits_sum(code, d_w, d_s, p, n, d_o)
+        self.check(err, "unpack_bits_vote" if vote else "unpack_bits_sum")
+        out = self.to_host(d_o, [n], np.float32 if itemsize == 4 else np.uint16)
+        self.free(d_w, d_o, *([d_s] if d_s is not None else []))
+        return out
+
+    def scatter_add_sum(self, values, indices, n: int, dtype: str):
+        """(out [n] of values' dtype, first bad position or -1, its index).
+
+        The float32 accumulator (not for float32) and the 4-byte flag are
+        buffers of their own, so the guard pages catch accesses past them.
+        """
+        d_v, d_i = self.to_device(values), self.to_device(indices)
+        d_o = self.alloc(n * values.itemsize)
+        d_a = None if dtype == "float32" else self.alloc(n * 4)
+        d_s = self.alloc(4)
+        pos, index = ctypes.c_int64(-2), ctypes.c_int32(0)
+        err = self.lib.tfgc_scatter_add_sum(
+            DTYPES.index(dtype), d_v, d_i, indices.size, n, d_o, d_a, d_s,
+            ctypes.byref(pos), ctypes.byref(index),
+        )  # fmt: skip
+        self.check(err, "scatter_add_sum")
+        out = self.to_host(d_o, [n], values.dtype)
+        self.free(d_v, d_i, d_o, d_s, *([d_a] if d_a is not None else []))
+        return out, pos.value, index.value
 
 
-def check_correctness(h: Harness) -> int:
+def top_k_inputs(sizes, rng) -> Iterator[tuple[str, np.ndarray]]:
+    """(description, float32 values) with NaN, Inf, ties and special sets."""
+    for n in sizes:
+        x = rng.standard_normal(n).astype(np.float32)
+        if n > 100:
+            x[rng.integers(0, n, 3)] = np.nan
+            x[rng.integers(0, n, 2)] = np.inf
+            x[rng.integers(0, n, 2)] = -np.inf
+        yield f"gaussian {n=}", x
+    n = max([s for s in sizes if s < 5000] or sizes)
+    yield f"ties {n=}", np.round(rng.standard_normal(n) * 2).astype(np.float32)
+    yield f"equal {n=}", np.full(n, -1.5, np.float32)
+    yield f"zeros {n=}", np.zeros(n, np.float32)
+    yield f"nan {n=}", np.full(n, np.nan, np.float32)
+    inf = np.where(rng.random(n) < 0.5, np.inf, np.nan).astype(np.float32)
+    yield f"inf and nan {n=}", inf
+    tiny = (rng.integers(-8, 8, n) * 2.0**-140).astype(np.float32)
+    yield f"subnormal {n=}", tiny
+
+
+def check_top_k_sample(h: Harness, sizes, setup, verbose) -> int:
     failures = 0
     rng = np.random.default_rng(0)
-    for n in [1, 31, 33, 1000, 4097, 100_003, 1_000_000]:
-        for dtype in (np.float32, np.float16):
-            x = rng.standard_normal(n).astype(dtype)
-            if n > 100:
-                x[rng.integers(0, n, 3)] = np.nan
-                x[rng.integers(0, n, 2)] = np.inf
-            for k in sorted({0, 1, max(1, n // 1000), n // 2, n}):
+    case = 0
+    for name, x32 in top_k_inputs(sizes, rng):
+        n = x32.size
+        for dtype in DTYPES:
+            x = to_dtype(x32, dtype)
+            keys_of = as_float32(x, dtype)
+            ks = {0, 1, max(1, n // 1000), n // 2, n}
+            for k in sorted(k for k in ks if k <= n):
                 for mode in MODES:
-                    v, i = h.top_k_sample(x, k, mode, seed=n + k)
-                    want = np_select(x, k, mode, seed=n + k)
-                    ok = np.array_equal(i, want) and np.array_equal(
-                        v.view(np.uint8), x[i].view(np.uint8)
-                    )
-                    if not ok:
-                        failures += 1
-                        print(f"MISMATCH top_k_sample {n=} {k=} {mode} {dtype}")
-    for n in [1, 32, 33, 1000, 1_000_001]:
-        mask = rng.random(n) < 0.5
-        d_m = h.to_device(mask)
-        words = (n + 31) // 32
-        d_w = h.alloc(words * 4)
-        h.check(h.lib.tfgc_pack_bits(d_m, n, d_w), "pack_bits")
-        got = h.to_host(d_w, [words], np.int32)
-        pad = np.zeros(words * 32, bool)
-        pad[:n] = mask
-        want = np.packbits(pad, bitorder="little").view("<i4")
-        if not np.array_equal(got, want):
-            failures += 1
-            print(f"MISMATCH pack_bits {n=}")
-        scales = np.array([0.5, 2.0], np.float32)
-        both = np.stack([want, ~want])
-        d_b, d_s = h.to_device(both), h.to_device(scales)
-        d_o = h.alloc(n * 4)
-        h.check(
-            h.lib.tfgc_unpack_bits_sum(0, d_b, d_s, 2, n, d_o), "unpack_sum"
+                    where = setup(case)
+                    zero = case % 2 == 1
+                    case += 1
+                    seed = n + k
+                    v, i, z = h.top_k_sample(x, dtype, k, mode, seed, zero)
+                    want = np_select(keys_of, k, mode, seed=seed)
+                    ok = np.array_equal(i, want) and same_bits(v, x[want])
+                    if zero:
+                        z_want = x.copy()
+                        z_want[want] = 0
+                        ok = ok and same_bits(z, z_want)
+                    if verbose or not ok:
+                        print(
+                            f"{'ok' if ok else 'MISMATCH'} top_k_sample "
+                            f"{name} {k=} {mode} {dtype} {zero=}{where}",
+                            flush=True,
+                        )
+                    failures += not ok
+    return failures
+
+
+def check_add_residual(h: Harness, sizes, setup, verbose) -> int:
+    failures = 0
+    rng = np.random.default_rng(1)
+    for case, (n, dtype) in enumerate(
+        (n, dtype) for n in sizes for dtype in DTYPES
+    ):
+        where = setup(case)
+        a = rng.standard_normal(n).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32) * 2.0 ** rng.integers(
+            -12, 12, n
         )
-        got = h.to_host(d_o, [n], np.float32)
-        sign = np.where(mask, 1.0, -1.0)
-        if not np.allclose(got, 0.5 * sign - 2.0 * sign):
-            failures += 1
-            print(f"MISMATCH unpack_bits_sum {n=}")
-        for p in (d_m, d_w, d_b, d_s, d_o):
-            h.lib.tfgc_free(p)
+        if n > 4:
+            a[:3], b[:3] = [np.inf, np.inf, np.nan], [-np.inf, 1, 2]
+        g, r = to_dtype(a, dtype), to_dtype(b, dtype)
+        with np.errstate(invalid="ignore"):  # inf - inf
+            total = as_float32(g, dtype) + as_float32(r, dtype)
+        want = to_dtype(total, dtype)
+        got = h.add_residual(g, r, dtype)
+        # The device writes NaN as 0x7fff; numpy keeps the payload.
+        nan = np.isnan(total)
+        ok = same_bits(got[~nan], want[~nan]) and bool(
+            np.all(np.isnan(as_float32(got, dtype)[nan]))
+        )
+        if verbose or not ok:
+            print(
+                f"{'ok' if ok else 'MISMATCH'} add_residual {n=} {dtype}"
+                f"{where}",
+                flush=True,
+            )
+        failures += not ok
+    return failures
+
+
+def check_bits(h: Harness, sizes, setup, verbose) -> int:
+    failures = 0
+    rng = np.random.default_rng(2)
+
+    def report(ok: bool, what: str) -> None:
+        nonlocal failures
+        failures += not ok
+        if verbose or not ok:
+            print(f"{'ok' if ok else 'MISMATCH'} {what}", flush=True)
+
+    for case, n in enumerate(sizes):
+        where = setup(case)
+        p = case % 4 + 1  # rows: 1..4, even counts give vote ties
+        masks = rng.random((p, n)) < 0.5
+        words = np.zeros((p, (n + 31) // 32), np.int32)
+        for row in range(p):
+            pad = np.zeros(words.shape[1] * 32, bool)
+            pad[:n] = masks[row]
+            words[row] = np.packbits(pad, bitorder="little").view("<i4")
+        if n > 0:
+            report(
+                np.array_equal(h.pack_bits(masks[0]), words[0]),
+                f"pack_bits {n=}{where}",
+            )
+            report(
+                np.array_equal(h.unpack_bits(words, n), masks),
+                f"unpack_bits {p=} {n=}{where}",
+            )
+        for dtype in DTYPES:
+            scales32 = rng.standard_normal(p).astype(np.float32)
+            scales = to_dtype(scales32, dtype)
+            acc = np.zeros(n, np.float32)
+            for row in range(p):  # the kernel's order, in float32
+                s = as_float32(scales[row : row + 1], dtype)[0]
+                acc = acc + np.where(masks[row], s, -s).astype(np.float32)
+            got = h.unpack_bits_reduce(words, n, scales, dtype, vote=False)
+            want = to_dtype(acc, dtype)
+            if dtype == "float16":
+                got = got.view(np.float16)
+            report(same_bits(got, want), f"unpack_bits_sum {p=} {n=} {dtype}")
+            votes = masks.sum(axis=0)
+            vote = np.where(2 * votes >= p, 1.0, -1.0).astype(np.float32)
+            got = h.unpack_bits_reduce(words, n, None, dtype, vote=True)
+            want = to_dtype(vote, dtype)
+            if dtype == "float16":
+                got = got.view(np.float16)
+            report(same_bits(got, want), f"unpack_bits_vote {p=} {n=} {dtype}")
+    return failures
+
+
+def f32_toward(x: np.ndarray, up: bool) -> np.ndarray:
+    """float64 -> float32 rounded toward +inf (`up`) or -inf."""
+    with np.errstate(over="ignore"):
+        y = x.astype(np.float32)
+    wrong = y.astype(np.float64) < x if up else y.astype(np.float64) > x
+    toward = np.float32(np.inf if up else -np.inf)
+    y[wrong] = np.nextafter(y[wrong], toward)
+    return y
+
+
+def scatter_bounds(values, indices, n: int, dtype: str):
+    """The numpy oracle of ScatterAddSum: (low, high, float64 sum, count).
+
+    The kernel adds the k values of an element with float32 atomicAdd in
+    an order the scheduler picks, then rounds once to `dtype`. Any order of
+    k - 1 float32 additions is within g(k - 1) * sum |x| of the exact sum,
+    g(j) = j u / (1 - j u) with u = 2^-24; the float64 oracle sum s is
+    within g(k - 1) * sum |x| of it with u = 2^-53; atomicAdd on global
+    memory flushes float32 subnormal inputs and results to zero (at most
+    2^-126 each, per addition). So the device's float32 sum is within E,
+    the sum of these, of s and, rounding being monotone, the result lies in
+    [low, high] = [round(down32(s - E)), round(up32(s + E))]: one value of
+    `dtype` when E is small (exact for one value or none), a band of
+    (k - 1) float32 ulps of sum |x| for float32, about one ulp of float16
+    or bfloat16 (more under cancellation). Where a value is infinite or NaN, low
+    and high are s (+-inf or NaN). `count` is k.
+    """
+    x = as_float32(values, dtype).astype(np.float64)
+    s, mag = np.zeros(n), np.zeros(n)
+    with np.errstate(invalid="ignore"):  # inf - inf
+        np.add.at(s, indices, x)
+    np.add.at(mag, indices, np.abs(x))
+    k = np.bincount(indices, minlength=n).astype(np.float64)
+    finite = np.isfinite(mag)
+    mag[~finite] = 0
+    j = np.maximum(k - 1, 0)
+    g32, g64 = j * 2.0**-24, j * 2.0**-53
+    err = mag * (g32 / (1 - g32) + g64 / (1 - g64)) + k * 2.0**-125
+    low = f32_toward(np.where(finite, s - err, 0), up=False)
+    high = f32_toward(np.where(finite, s + err, 0), up=True)
+    low[~finite] = high[~finite] = s[~finite]
+    if dtype != "float32":
+        low, high = (
+            as_float32(to_dtype(low, dtype), dtype),
+            as_float32(to_dtype(high, dtype), dtype),
+        )
+    return low, high, s, k
+
+
+def scatter_matches(got, values, indices, n: int, dtype: str) -> bool:
+    """Whether the kernel's output `got` is in the oracle's bounds, NaN
+    where the sum is, and +0 where no index points."""
+    low, high, s, k = scatter_bounds(values, indices, n, dtype)
+    y = as_float32(got, dtype)
+    in_range = (low <= y) & (y <= high) | np.isnan(s) & np.isnan(y)
+    return bool(np.all(in_range) and not np.any(got[k == 0].view(np.uint8)))
+
+
+def scatter_inputs(sizes, rng):
+    """(description, float32 values, int32 indices, n, expected first bad
+    position or -1)."""
+    i32 = np.iinfo(np.int32)
+    for case, n in enumerate(sizes):
+        # Duplicates (2 values per element on average, some none), the
+        # first value at element 0 and the last at element n - 1.
+        m = 2 * n + 1 if n > 0 else 0
+        idx = rng.integers(0, max(n, 1), m).astype(np.int32)
+        if n > 0:
+            idx[0], idx[-1] = 0, n - 1
+        v = rng.standard_normal(m) * 2.0 ** rng.integers(-8, 8, m)
+        yield f"random {n=} {m=}", v.astype(np.float32), idx, n, -1
+        if n > 0:
+            yield f"empty values {n=}", np.zeros(0, np.float32), idx[:0], n, -1
+            # Many values on a few elements: 1 plus a thousand 2^-12 at
+            # n - 1 (alone there for n > 3) sum to 1.244, which float16
+            # rounds once (rounding each addition it stays at 1).
+            m = 1001 + n
+            idx = rng.integers(0, min(n, 3), m).astype(np.int32)
+            v = rng.standard_normal(m).astype(np.float32)
+            idx[:1001], v[:1001] = n - 1, 2.0**-12
+            v[0] = 1
+            yield f"duplicates {n=} {m=}", v, idx, n, -1
+        # An index outside [0, n): the kernel reports the first one.
+        m = max(n // 2, 3)
+        idx = rng.integers(0, max(n, 1), m).astype(np.int32)
+        v = rng.standard_normal(m).astype(np.float32)
+        if n == 0:
+            bad = 0
+        elif case % 3 == 0:
+            bad = m - 1
+            idx[bad] = n  # only the last one
+        elif case % 3 == 1:
+            bad = 0
+            idx[[0, m - 1]] = [-1, n]
+        else:
+            bad = m // 2
+            idx[bad], idx[-1] = i32.min, i32.max
+        yield f"bad index {n=} {m=} at {bad}", v, idx, n, bad
+    # Infinities, NaN, overflow of the float32 sum (or only of the float16
+    # rounding), float32 and bfloat16 subnormals, cancellation.
+    big, tiny = 3e38, 2.0**-140
+    groups = [
+        [np.inf, 1], [np.inf, -np.inf], [np.nan, 2], [-np.inf, -5],
+        [big, big], [-big, -big], [60000, 60000], [tiny, tiny, tiny],
+        [1, 2.0**-30, -1], [2.0**-126, -(2.0**-127)],
+    ]  # fmt: skip
+    v = np.array([x for g in groups for x in g], np.float32)
+    idx = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    perm = rng.permutation(v.size)
+    n = len(groups) + 1
+    yield f"special {n=}", v[perm], idx[perm].astype(np.int32), n, -1
+
+
+def check_scatter_add_sum(h: Harness, sizes, setup, verbose) -> int:
+    failures = 0
+    rng = np.random.default_rng(4)
+    case = 0
+    for name, v32, idx, n, bad in scatter_inputs(sizes, rng):
+        for dtype in DTYPES:
+            where = setup(case)
+            case += 1
+            v = to_dtype(v32, dtype)
+            got, pos, index = h.scatter_add_sum(v, idx, n, dtype)
+            if bad >= 0:
+                ok = pos == bad and index == idx[bad]
+            else:
+                ok = pos == -1 and scatter_matches(got, v, idx, n, dtype)
+            if verbose or not ok:
+                print(
+                    f"{'ok' if ok else 'MISMATCH'} scatter_add_sum {name} "
+                    f"{dtype} (bad position {pos}){where}",
+                    flush=True,
+                )
+            failures += not ok
+    return failures
+
+
+def check_conversions(h: Harness) -> int:
+    """The emulation's float16/bfloat16 conversions against numpy."""
+    rng = np.random.default_rng(3)
+    halves = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    # Random float32 patterns, and the neighbours of the float16 rounding
+    # edges: overflow to inf, smallest normal, half of the smallest
+    # subnormal and the subnormal range, largest finite float.
+    edges = np.array([0x477FF000, 0x38800000, 0x33000000, 0x33800000])
+    near = (np.arange(-64, 64)[:, None] + np.append(edges, 0x7F7FFFFF)).ravel()
+    patterns = rng.integers(0, 2**32, 2**20, dtype=np.uint64)
+    bits = np.concatenate([patterns, near]).astype(np.uint32)
+    arbitrary = bits.view(np.float32)
+    inputs = {
+        "float16": np.concatenate([halves.view(np.float16), arbitrary]),
+        "bfloat16": np.concatenate([from_bfloat16(halves), arbitrary]),
+    }
+    failures = 0
+    for code, dtype in ((1, "float16"), (2, "bfloat16")):
+        x = np.ascontiguousarray(inputs[dtype], np.float32)
+        out_bits = np.empty(x.size, np.uint16)
+        back = np.empty(x.size, np.float32)
+        err = h.lib.tfgc_emulation_convert(
+            code, x.ctypes.data, x.size, out_bits.ctypes.data, back.ctypes.data
+        )
+        h.check(err, "emulation_convert")
+        want = to_dtype(x, dtype)
+        got = out_bits.view(want.dtype)
+        nan = np.isnan(x)
+        ok = (
+            same_bits(got[~nan], want[~nan])
+            and np.all(out_bits[nan] == 0x7FFF)
+            and same_bits(back, as_float32(got, dtype))
+        )
+        if not ok:
+            print(f"MISMATCH emulated {dtype} conversions")
+        failures += not ok
+    print(f"conversions: {failures} failures")
+    return failures
+
+
+def check_correctness(
+    h: Harness,
+    sizes=GPU_SIZES,
+    setup: Callable[[int], str] = lambda case: "",
+    verbose: bool = False,
+) -> int:
+    """Runs every check; `setup(case)` may reconfigure the emulated device
+    before a case and returns a note for the messages."""
+    failures = check_top_k_sample(h, sizes, setup, verbose)
+    failures += check_add_residual(h, sizes, setup, verbose)
+    failures += check_bits(h, sizes, setup, verbose)
+    failures += check_scatter_add_sum(h, sizes, setup, verbose)
     print(f"correctness: {failures} failures")
     return failures
+
+
+def check_emulation(h: Harness, sizes, verbose: bool = False) -> int:
+    """check_correctness with the cases spread over EMULATED_DEVICES."""
+
+    def setup(case: int) -> str:
+        sms, grid, schedule, seed = EMULATED_DEVICES[
+            case % len(EMULATED_DEVICES)
+        ]
+        h.configure(sms, grid, schedule, seed)
+        return f" [emulated {sms=} max_grid={grid} {schedule} {seed=}]"
+
+    failures = check_conversions(h)
+    return failures + check_correctness(h, sizes, setup, verbose)
 
 
 def benchmark(h: Harness, sizes: list[int], iters: int) -> None:
@@ -222,30 +702,55 @@ def benchmark(h: Harness, sizes: list[int], iters: int) -> None:
                     f"| {n:,} | {density:.1%} | {mode} | {ms.value:.3f} | "
                     f"{t_torch:.3f} | {t_torch / ms.value:.2f}x |"
                 )
-            h.lib.tfgc_free(d_v)
-            h.lib.tfgc_free(d_i)
-        h.lib.tfgc_free(d_x)
+            h.free(d_v, d_i)
+        h.free(d_x)
+
+
+def parse_sizes(text: str) -> list[int]:
+    return [int(float(s)) for s in text.split(",") if s]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build-only", action="store_true")
     parser.add_argument("--no-build", action="store_true")
-    parser.add_argument("--sizes", default="1e6,25e6,1e8")
+    parser.add_argument(
+        "--emulate",
+        action="store_true",
+        help="build with a C++ compiler and run the checks on the CPU "
+        "emulation of CUDA (no GPU needed)",
+    )
+    parser.add_argument(
+        "--library", help="path of the library to build and load"
+    )
+    parser.add_argument("--sizes", default="1e6,25e6,1e8", help="benchmark")
+    parser.add_argument(
+        "--check-sizes", help="sizes of the correctness checks (n,n,...)"
+    )
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
-    if not args.no_build or not os.path.exists(LIB):
-        print(f"built {build_library(args.verbose)}")
+    lib = args.library or (EMULATION_LIB if args.emulate else LIB)
+    if not args.no_build or not os.path.exists(lib):
+        if args.emulate:
+            built = build_emulation(lib, args.verbose)
+        else:
+            built = build_library(lib, args.verbose)
+        print(f"built {built}", flush=True)
     if args.build_only:
         return 0
-    h = Harness(LIB)
+    h = Harness(lib)
+    if args.check_sizes:
+        sizes = parse_sizes(args.check_sizes)
+    else:
+        sizes = EMULATION_SIZES if h.emulated else GPU_SIZES
+    if h.emulated:
+        return 1 if check_emulation(h, sizes, args.verbose) else 0
     if h.devices() == 0:
         print("no CUDA device is visible; built only")
         return 2
-    failures = check_correctness(h)
-    sizes = [int(float(s)) for s in args.sizes.split(",") if s]
-    benchmark(h, sizes, args.iters)
+    failures = check_correctness(h, sizes, verbose=args.verbose)
+    benchmark(h, parse_sizes(args.sizes), args.iters)
     return 1 if failures else 0
 
 

@@ -6,14 +6,11 @@
 // the unpack kernels give one thread per output element. Grids come from the
 // device's multiprocessor count and maximum grid size.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdint>
 
 #include "custom_ops/cc/kernels/bits_kernels.h"
+#include "custom_ops/cc/kernels/cuda_launch.h"
 
 namespace tfgc {
 namespace gpu {
@@ -21,17 +18,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-int Grid(int64_t work) {
-  int dev = 0, sms = 1, max_grid = 65535;
-  if (cudaGetDevice(&dev) == cudaSuccess) {
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaDeviceGetAttribute(&max_grid, cudaDevAttrMaxGridDimX, dev);
-  }
-  const int64_t want = (work + kThreads - 1) / kThreads;
-  const int64_t cap = std::min<int64_t>(int64_t{std::max(sms, 1)} * 16,
-                                        std::max(max_grid, 1));
-  return static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
-}
+int Grid(int64_t work) { return StrideGridFor(work, kThreads); }
 
 __global__ void PackKernel(const bool* mask, int64_t n, int32_t* words) {
   const int lane = threadIdx.x % 32;
@@ -101,19 +88,19 @@ int Reduce(int dtype, const int32_t* words, const void* scales, int64_t p,
   const int grid = Grid(n);
   switch (dtype) {
     case 0:
-      ReduceKernel<float, kVote><<<grid, kThreads, 0, s>>>(
-          words, static_cast<const float*>(scales), p, n,
-          static_cast<float*>(out));
+      LaunchKernel(ReduceKernel<float, kVote>, grid, kThreads, 0, s, words,
+                   static_cast<const float*>(scales), p, n,
+                   static_cast<float*>(out));
       break;
     case 1:
-      ReduceKernel<__half, kVote><<<grid, kThreads, 0, s>>>(
-          words, static_cast<const __half*>(scales), p, n,
-          static_cast<__half*>(out));
+      LaunchKernel(ReduceKernel<__half, kVote>, grid, kThreads, 0, s, words,
+                   static_cast<const __half*>(scales), p, n,
+                   static_cast<__half*>(out));
       break;
     case 2:
-      ReduceKernel<__nv_bfloat16, kVote><<<grid, kThreads, 0, s>>>(
-          words, static_cast<const __nv_bfloat16*>(scales), p, n,
-          static_cast<__nv_bfloat16*>(out));
+      LaunchKernel(ReduceKernel<__nv_bfloat16, kVote>, grid, kThreads, 0, s,
+                   words, static_cast<const __nv_bfloat16*>(scales), p, n,
+                   static_cast<__nv_bfloat16*>(out));
       break;
     default:
       return static_cast<int>(cudaErrorInvalidValue);
@@ -125,16 +112,16 @@ int Reduce(int dtype, const int32_t* words, const void* scales, int64_t p,
 
 int PackBits(const bool* mask, int64_t n, int32_t* words, void* stream) {
   if (n == 0) return 0;
-  PackKernel<<<Grid(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      mask, n, words);
+  LaunchKernel(PackKernel, Grid(n), kThreads, 0,
+               static_cast<cudaStream_t>(stream), mask, n, words);
   return static_cast<int>(cudaGetLastError());
 }
 
 int UnpackBits(const int32_t* words, int64_t rows, int64_t n, bool* mask,
                void* stream) {
   if (rows * n == 0) return 0;
-  UnpackKernel<<<Grid(rows * n), kThreads, 0,
-                 static_cast<cudaStream_t>(stream)>>>(words, rows, n, mask);
+  LaunchKernel(UnpackKernel, Grid(rows * n), kThreads, 0,
+               static_cast<cudaStream_t>(stream), words, rows, n, mask);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -13,16 +13,13 @@
 // bisection over its float bit pattern. Grid sizes come from the device's
 // multiprocessor count and maximum grid size.
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
+#include "custom_ops/cc/kernels/cuda_launch.h"
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
 
 namespace tfgc {
@@ -336,7 +333,8 @@ class Counter {
   // Number of keys >= thr (> thr when strict); -1 on a CUDA error.
   int64_t operator()(float thr, bool strict) {
     if (cudaMemsetAsync(dev_, 0, sizeof(*dev_), s_) != cudaSuccess) return -1;
-    CountKernel<T><<<grid_, kThreads, 0, s_>>>(x_, n_, thr, strict, dev_);
+    LaunchKernel(CountKernel<T>, grid_, kThreads, 0, s_, x_, n_, thr, strict,
+                 dev_);
     unsigned long long host = 0;
     if (cudaMemcpyAsync(&host, dev_, sizeof(host), cudaMemcpyDeviceToHost,
                         s_) != cudaSuccess ||
@@ -399,7 +397,7 @@ int PlanTyped(const T* x, int64_t n, int64_t k, TopKSampleMode mode,
   if (mode == TopKSampleMode::kTrimmed) return ExactPlanGpu(count, k, plan);
 
   const int grid = static_cast<int>(l.stats_blocks);
-  StatsKernel<T><<<grid, kThreads, 0, s>>>(x, n, sums, maxs, fins);
+  LaunchKernel(StatsKernel<T>, grid, kThreads, 0, s, x, n, sums, maxs, fins);
   std::vector<double> h_sum(grid);
   std::vector<float> h_max(grid);
   std::vector<unsigned long long> h_fin(grid);
@@ -457,7 +455,8 @@ int WriteTyped(const T* x, int64_t n, const SelectionPlan& plan, T* values,
                plan.has_band_lo, plan.band_lo, plan.start, plan.need};
   const int grid =
       static_cast<int>(std::min<int64_t>(tiles, int64_t{d.max_grid}));
-  TileCountKernel<T><<<grid, kThreads, 0, s>>>(x, n, p, tiles, a_cnt, b_cnt);
+  LaunchKernel(TileCountKernel<T>, grid, kThreads, 0, s, x, n, p, tiles, a_cnt,
+               b_cnt);
   std::vector<int32_t> h_cnt(2 * tiles);
   cudaMemcpyAsync(h_cnt.data(), a_cnt, 8 * tiles, cudaMemcpyDeviceToHost, s);
   cudaError_t err = cudaStreamSynchronize(s);
@@ -471,8 +470,8 @@ int WriteTyped(const T* x, int64_t n, const SelectionPlan& plan, T* values,
     rb += h_cnt[tiles + t];
   }
   cudaMemcpyAsync(a_off, h_off.data(), 16 * tiles, cudaMemcpyHostToDevice, s);
-  WriteKernel<T><<<grid, kThreads, 0, s>>>(x, n, p, tiles, a_off, b_off,
-                                           values, indices, zero);
+  LaunchKernel(WriteKernel<T>, grid, kThreads, 0, s, x, n, p, tiles, a_off,
+               b_off, values, indices, zero);
   err = cudaStreamSynchronize(s);  // h_off must outlive the copy
   if (err != cudaSuccess) return static_cast<int>(err);
   return static_cast<int>(cudaGetLastError());
@@ -491,9 +490,9 @@ int AddResidual(DType dtype, const void* gradient, const void* residual,
   auto s = static_cast<cudaStream_t>(stream);
   return Dispatch(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    AddKernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(gradient),
-                                           static_cast<const T*>(residual),
-                                           static_cast<T*>(acc), n);
+    LaunchKernel(AddKernel<T>, grid, kThreads, 0, s,
+                 static_cast<const T*>(gradient),
+                 static_cast<const T*>(residual), static_cast<T*>(acc), n);
     return static_cast<int>(cudaGetLastError());
   });
 }

@@ -1,0 +1,118 @@
+"""The CUDA kernels, run on the CPU emulation of CUDA, against numpy.
+
+custom_ops/cuda_harness/run_harness.py --emulate compiles the kernel
+sources (custom_ops/cc/kernels/*.cu.cc) as C++ on cuda_emulation.h and
+checks them against numpy on several emulated devices and thread
+schedules; emulation_selftest.cc checks the emulation itself. Both run in
+subprocesses: the emulation aborts the process on misuse of CUDA.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+HARNESS = os.path.join(ROOT, "custom_ops", "cuda_harness")
+RUN_HARNESS = os.path.join(HARNESS, "run_harness.py")
+SELFTEST = os.path.join(HARNESS, "emulation_selftest.cc")
+
+
+def _skip_reason() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "the CUDA emulation needs Linux (mmap guard pages, fibers)"
+    missing = [p for p in (RUN_HARNESS, SELFTEST) if not os.path.exists(p)]
+    if missing:
+        # Under Bazel the harness is not among the test's data files.
+        return f"the CUDA harness sources are not here: {missing}"
+    from custom_ops.cuda_harness import run_harness  # noqa: PLC0415
+
+    if run_harness.find_cxx() is None:
+        return "no C++ compiler (g++, c++ or $CXX) was found"
+    return None
+
+
+_SKIP = _skip_reason()
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+
+
+def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.fixture(scope="module")
+def emulation_lib(tmp_path_factory) -> str:
+    from custom_ops.cuda_harness import run_harness  # noqa: PLC0415
+
+    out = tmp_path_factory.mktemp("emulation") / "libtfgc_cuda_emulation.so"
+    return run_harness.build_emulation(str(out))
+
+
+@pytest.fixture(scope="module")
+def selftest(tmp_path_factory) -> str:
+    from custom_ops.cuda_harness import run_harness  # noqa: PLC0415
+
+    exe = str(tmp_path_factory.mktemp("emulation") / "emulation_selftest")
+    proc = run(
+        [
+            run_harness.find_cxx(),
+            *("-x", "c++", "-std=c++17", "-O1", "-pthread"),
+            *("-DTFGC_CUDA_EMULATION", f"-I{ROOT}", SELFTEST, "-o", exe),
+        ]
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return exe
+
+
+def run_harness_checks(lib: str, *extra: str) -> None:
+    proc = run(
+        [sys.executable, RUN_HARNESS, "--emulate", "--no-build"]
+        + ["--library", lib, *extra]
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    assert "correctness: 0 failures" in proc.stdout, out[-5000:]
+    assert "conversions: 0 failures" in proc.stdout, out[-5000:]
+
+
+def test_kernels_match_numpy(emulation_lib):
+    run_harness_checks(emulation_lib)
+
+
+@pytest.mark.slow
+def test_kernels_match_numpy_large(emulation_lib):
+    run_harness_checks(emulation_lib, "--check-sizes", "65537,100003")
+
+
+@pytest.mark.parametrize(
+    "scenario", ["warp", "indices", "atomics", "race", "launch-errors"]
+)
+def test_emulation_behaves_as_cuda(selftest, scenario):
+    proc = run([selftest, scenario])
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", (
+        proc.stdout + proc.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "scenario, message",
+    [
+        ("early-return", "cannot finish"),
+        ("divergent-barrier", "divergent __syncthreads"),
+        ("divergent-warp", "divergent warp"),
+        ("partial-mask", "only full-warp masks"),
+        ("read-past-end", "out-of-bounds access at byte 148"),
+        ("host-pointer", "is not device memory"),
+        ("copy-to-host-memory", "not inside one device buffer"),
+        ("copy-past-end", "not inside one device buffer"),
+        ("endless", "has run for more than 1 s"),
+    ],
+)
+def test_emulation_aborts_on_misuse(selftest, scenario, message):
+    proc = run([selftest, scenario], timeout=60)
+    assert proc.returncode != 0, proc.stdout
+    assert "tfgc CUDA emulation: " in proc.stderr, proc.stderr
+    assert message in proc.stderr, proc.stderr
