@@ -139,9 +139,7 @@ def test_top_k_abs_selects_what_tf_top_k_selects(dtype):
     values, indices = ops.top_k_abs(x, 50)
     _, expected = tf.math.top_k(tf.abs(tf.cast(x, tf.float32)), k=50)
     assert set(indices.numpy()) == set(expected.numpy())
-    np.testing.assert_array_equal(
-        values.numpy(), tf.gather(x, indices).numpy()
-    )
+    np.testing.assert_array_equal(values.numpy(), tf.gather(x, indices).numpy())
 
 
 def test_randomk_indices_shared_distinct_and_fresh_each_step():

@@ -24,6 +24,22 @@ collective. For one tensor per step the optimizer drives it through
   replicas, so the sum of gradients is their mean.)
 * `local_estimate(payload, ctx)` is the dense tensor that this worker's own
   final-round payload stands for; error feedback subtracts it.
+
+Optional fused error feedback (single-round compressors only):
+
+    fused = compress_with_residual(x, residual, state, key)
+    payload, ctx, new_residual = fused              # unless fused is None
+
+* `residual` has x's shape and dtype. `payload` and `ctx` are what
+  `compress(x + residual, state, key)` returns, and `new_residual` is
+  x + residual - local_estimate(payload, ctx), computed in one pass where
+  the generic path needs an add, a compression, a local estimate and a
+  subtraction. (A sparsifier may zero the entries it sent rather than
+  subtract them; that differs only where those entries are not finite.)
+* It returns None (the default) where the compressor has no faster path
+  for these inputs, e.g. without the compiled ops; `ErrorFeedback` then
+  takes the generic path. The choice is made in Python while tracing, so
+  it adds nothing to the graph.
 """
 
 from __future__ import annotations
@@ -108,6 +124,17 @@ class Compressor:
 
     def local_estimate(self, payload, ctx) -> tf.Tensor:
         raise NotImplementedError
+
+    def compress_with_residual(
+        self, x: tf.Tensor, residual: tf.Tensor, state, key
+    ) -> tuple[Any, Any, tf.Tensor] | None:
+        """Fused `compress(x + residual)` plus the new residual, or None.
+
+        See the module docstring; None (this default) means "use the
+        generic path". Only called when `rounds` is 1.
+        """
+        del x, residual, state, key
+        return None
 
     def payload_bytes(self, shape, dtype) -> int:
         """Bytes this worker puts on the wire per step, over all rounds."""

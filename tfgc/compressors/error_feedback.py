@@ -16,9 +16,12 @@ class ErrorFeedbackState(NamedTuple):
 
 
 class _Context(NamedTuple):
-    corrected: tf.Tensor  # x + residual, what was handed to the compressor
+    # x + residual, what was handed to the compressor (generic path only).
+    corrected: tf.Tensor | None
     payload: Any  # this worker's latest payload
     inner: Any
+    # The next residual, already known on the fused path; else None.
+    residual: tf.Tensor | None = None
 
 
 @base.register
@@ -30,6 +33,11 @@ class ErrorFeedback(base.Compressor):
     is c - local_estimate(payload): the sum of everything sent plus the
     residual always equals the sum of all inputs (mass is conserved).
     The residual is local to each worker and never communicated.
+
+    A single-round compressor with a fused path
+    (`Compressor.compress_with_residual`, e.g. `TopK` with the compiled
+    ops) computes c, its payload and the new residual in one pass;
+    otherwise the steps above run one by one.
     """
 
     def __init__(self, compressor: base.Compressor):
@@ -58,18 +66,31 @@ class ErrorFeedback(base.Compressor):
         )
 
     def compress(self, x, state, key):
-        corrected = x + tf.cast(state.residual, x.dtype)
+        # The state may be kept in another dtype (the variable's); the
+        # arithmetic is in the gradient's, as the residual returned is.
+        residual = tf.cast(state.residual, x.dtype)
+        if self.compressor.rounds == 1:
+            fused = self.compressor.compress_with_residual(
+                x, residual, state.inner, key
+            )
+            if fused is not None:
+                payload, ctx, new_residual = fused
+                return payload, _Context(None, payload, ctx, new_residual)
+        corrected = x + residual
         payload, ctx = self.compressor.compress(corrected, state.inner, key)
         return payload, _Context(corrected, payload, ctx)
 
     def next_round(self, reduced, ctx):
         payload, inner_ctx = self.compressor.next_round(reduced, ctx.inner)
-        return payload, _Context(ctx.corrected, payload, inner_ctx)
+        return payload, ctx._replace(payload=payload, inner=inner_ctx)
 
     def decompress(self, reduced, ctx):
         total, inner_state = self.compressor.decompress(reduced, ctx.inner)
-        sent = self.compressor.local_estimate(ctx.payload, ctx.inner)
-        return total, ErrorFeedbackState(ctx.corrected - sent, inner_state)
+        residual = ctx.residual
+        if residual is None:
+            sent = self.compressor.local_estimate(ctx.payload, ctx.inner)
+            residual = ctx.corrected - sent
+        return total, ErrorFeedbackState(residual, inner_state)
 
     def local_estimate(self, payload, ctx):
         return self.compressor.local_estimate(payload, ctx.inner)

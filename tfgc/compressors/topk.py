@@ -23,7 +23,8 @@ class TopK(base.DensityCompressor):
     Descent" (EMNLP 2017); with error feedback as in Stich et al.,
     "Sparsified SGD with Memory" (NeurIPS 2018). Exact selection
     (`tfgc.ops.top_k_abs`: the compiled trimmed top-k when the custom ops
-    are loaded, `tf.math.top_k` over |x| otherwise).
+    are loaded, `tf.math.top_k` over |x| otherwise). Under `ErrorFeedback`
+    with the compiled ops, selection and residual update are one fused op.
 
     Indices differ between workers, so the payload is all-gathered and
     scatter-added. Bytes on the wire per worker: k * (itemsize + 4).
@@ -39,6 +40,19 @@ class TopK(base.DensityCompressor):
         values, indices = ops.top_k_abs(x, self.num_selected(x.shape))
         payload = SparsePayload(values, indices)
         return payload, (x.shape, x.dtype, state)
+
+    def compress_with_residual(self, x, residual, state, key):
+        # The compiled op reads x and the residual once and zeroes what it
+        # selects, where the generic path adds, selects, scatters and
+        # subtracts. Without it nothing is gained: take the generic path.
+        if not ops.using_custom_ops():
+            return None
+        del key
+        values, indices, new_residual = ops.top_k_abs(
+            x, self.num_selected(x.shape), residual=residual
+        )
+        payload = SparsePayload(values, indices)
+        return payload, (x.shape, x.dtype, state), new_residual
 
     def decompress(self, reduced, ctx):
         shape, dtype, state = ctx

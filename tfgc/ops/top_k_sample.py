@@ -287,7 +287,9 @@ def top_k_sample_reference(
     return values, indices, tf.reshape(new_residual, tf.shape(x))
 
 
-def top_k_abs(x: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
+def top_k_abs(
+    x: tf.Tensor, k: int, residual: tf.Tensor | None = None
+) -> tuple[tf.Tensor, ...]:
     """Exact top-k of the flattened `x` by magnitude: (values, indices).
 
     Runs the compiled `TopKSample` in "trimmed" mode when the library is
@@ -299,12 +301,30 @@ def top_k_abs(x: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
     Args:
         x: floating tensor of any shape.
         k: number of elements, in [0, x.size].
+        residual: optional error-feedback residual of x's shape (cast to
+            x's dtype). When given, the top-k of acc = x + residual is
+            taken and the new residual returned too, fused into one op
+            (`TopKSampleWithResidual`) when the library is loaded.
 
     Returns:
-        values (x's dtype) and int32 indices into the flattened `x`, [k] each.
+        values (x's dtype) and int32 indices into the flattened `x`, [k] each;
+        with `residual`, also acc with the selected entries zeroed, in x's
+        shape.
     """
+    x = tf.convert_to_tensor(x)
+    compiled = _library.custom_ops() is not None and x.dtype in _FLOAT_DTYPES
+    if residual is not None:
+        residual = tf.cast(residual, x.dtype)
+        if compiled:
+            return top_k_sample(x, k, mode="trimmed", residual=residual)
+        acc = tf.reshape(x + residual, [-1])
+        values, indices = top_k_abs(acc, k)
+        new_residual = tf.tensor_scatter_nd_update(
+            acc, indices[:, None], tf.zeros_like(values)
+        )
+        return values, indices, tf.reshape(new_residual, tf.shape(x))
     flat = tf.reshape(x, [-1])
-    if _library.custom_ops() is not None and flat.dtype in _FLOAT_DTYPES:
+    if compiled:
         return top_k_sample(flat, k, mode="trimmed")
     _, indices = tf.math.top_k(tf.abs(flat), k=k, sorted=False)
     return tf.gather(flat, indices), indices
