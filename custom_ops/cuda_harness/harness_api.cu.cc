@@ -11,6 +11,7 @@
 
 #include "custom_ops/cc/kernels/bits_kernels.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
+#include "custom_ops/cc/kernels/golomb_kernels.h"
 #include "custom_ops/cc/kernels/scatter_kernels.h"
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
 
@@ -114,6 +115,43 @@ int tfgc_scatter_add_sum(int dtype, const void* values,
                          int64_t* bad_position, int32_t* bad_index) {
   return tfgc::gpu::ScatterAddSum(dtype, values, indices, m, n, out, acc,
                                   scratch, nullptr, bad_position, bad_index);
+}
+
+// GolombEncode of k int32 or int64 indices (index_int64) in [0, n): sizes
+// the stream (*num_bits, or *bad_position >= 0 with *bad_value and
+// *bad_prev for the first invalid index), then writes it to `out` (at most
+// `capacity` bytes) through the word scratch `words` (at least
+// ceil(num_bits / 32) words). `scratch` holds
+// tfgc_golomb_encode_scratch_bytes(k) bytes. Separate device buffers, so
+// the guard pages catch an access past any of them.
+int64_t tfgc_golomb_encode_scratch_bytes(int64_t k) {
+  return tfgc::gpu::GolombEncodeScratchBytes(k);
+}
+
+int tfgc_golomb_encode(int index_int64, const void* indices, int64_t k,
+                       int64_t n, int b, void* scratch, uint32_t* words,
+                       int64_t word_capacity, uint8_t* out, int64_t capacity,
+                       int64_t* num_bits, int64_t* bad_position,
+                       int64_t* bad_value, int64_t* bad_prev) {
+  int err = tfgc::gpu::GolombEncodeSize(index_int64 != 0, indices, k, n, b,
+                                        scratch, nullptr, num_bits,
+                                        bad_position, bad_value, bad_prev);
+  if (err != 0 || *bad_position >= 0) return err;
+  if ((*num_bits + 7) / 8 > capacity ||
+      (*num_bits + 31) / 32 > word_capacity) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  return tfgc::gpu::GolombEncodeWrite(index_int64 != 0, indices, k, b,
+                                      *num_bits, scratch, words, out,
+                                      nullptr);
+}
+
+// GolombDecode of k positions below `limit`; error[3] as the launcher's.
+int tfgc_golomb_decode(const uint8_t* encoded, int64_t num_bytes, int64_t k,
+                       int b, int64_t limit, int32_t* out, int64_t* scratch,
+                       int64_t* error) {
+  return tfgc::gpu::GolombDecode(encoded, num_bytes, k, b, limit, out,
+                                 scratch, nullptr, error);
 }
 
 #if defined(TFGC_CUDA_EMULATION)

@@ -179,6 +179,15 @@ class Harness:
             i32, vp, vp, i64, i64, vp, vp, vp, ctypes.POINTER(i64),
             ctypes.POINTER(ctypes.c_int32),
         ]  # fmt: skip
+        self.lib.tfgc_golomb_encode_scratch_bytes.argtypes = [i64]
+        self.lib.tfgc_golomb_encode_scratch_bytes.restype = i64
+        p64 = ctypes.POINTER(i64)
+        self.lib.tfgc_golomb_encode.argtypes = [
+            i32, vp, i64, i64, i32, vp, vp, i64, vp, i64, p64, p64, p64, p64,
+        ]  # fmt: skip
+        self.lib.tfgc_golomb_decode.argtypes = [
+            vp, i64, i64, i32, i64, vp, vp, vp,
+        ]  # fmt: skip
         self.lib.tfgc_time.argtypes = [
             i32, i32, vp, i64, i64, i32, vp, vp, i64, i32,
             ctypes.POINTER(ctypes.c_float),
@@ -322,6 +331,210 @@ class Harness:
         out = self.to_host(d_o, [n], values.dtype)
         self.free(d_v, d_i, d_o, d_s, *([d_a] if d_a is not None else []))
         return out, pos.value, index.value
+
+    def golomb_encode(self, indices: np.ndarray, n: int, b: int, bits: int):
+        """(bytes, num_bits, (first bad position or -1, its index, the one
+        before)); `bits` bounds the stream (the buffers' sizes)."""
+        k = indices.size
+        d_i = self.to_device(indices)
+        d_s = self.alloc(self.lib.tfgc_golomb_encode_scratch_bytes(k))
+        cap, words = (bits + 7) // 8, (bits + 31) // 32
+        d_w, d_o = self.alloc(words * 4), self.alloc(cap)
+        num, pos, val, prev = (ctypes.c_int64(-2) for _ in range(4))
+        err = self.lib.tfgc_golomb_encode(
+            int(indices.dtype == np.int64), d_i, k, n, b, d_s, d_w, words,
+            d_o, cap, *(ctypes.byref(v) for v in (num, pos, val, prev)),
+        )  # fmt: skip
+        self.check(err, "golomb_encode")
+        size = (num.value + 7) // 8 if pos.value < 0 else 0
+        out = self.to_host(d_o, [size], np.uint8)
+        self.free(d_i, d_s, d_w, d_o)
+        return out, num.value, (pos.value, val.value, prev.value)
+
+    def golomb_decode(self, data: np.ndarray, k: int, b: int, limit: int):
+        """(positions [k], (error kind, code, value))."""
+        d_e, d_o = self.to_device(data), self.alloc(k * 4)
+        d_s = self.alloc(3 * 8)
+        error = np.full(3, -2, np.int64)
+        err = self.lib.tfgc_golomb_decode(
+            d_e, data.size, k, b, limit, d_o, d_s, error.ctypes.data
+        )
+        self.check(err, "golomb_decode")
+        out = self.to_host(d_o, [k], np.int32)
+        self.free(d_e, d_o, d_s)
+        return out, tuple(int(v) for v in error)
+
+
+def np_golomb_encode(indices: np.ndarray, b: int) -> tuple[np.ndarray, int]:
+    """The format of golomb_kernels.h in numpy: (bytes, num_bits)."""
+    idx = np.asarray(indices, np.int64)
+    gaps = (np.diff(idx, prepend=-1) - 1).astype(np.uint64)
+    q = (gaps >> np.uint64(b)).astype(np.int64)
+    lens = q + 1 + b
+    starts = np.cumsum(lens) - lens
+    total = int(lens.sum())
+    bits = np.zeros(total, np.uint8)
+    # q one bits from each code's start.
+    run = np.arange(int(q.sum())) - np.repeat(np.cumsum(q) - q, q)
+    bits[np.repeat(starts, q) + run] = 1
+    for t in range(b):  # the remainder, most significant bit first
+        bits[starts + q + 1 + t] = (gaps >> np.uint64(b - 1 - t)) & 1
+    return np.packbits(bits), total
+
+
+def np_golomb_decode(data: np.ndarray, k: int, b: int, limit: int):
+    """The CPU kernel's decoding: (positions, (error kind, code, value))
+    with the kinds of gpu::GolombDecodeError (0 none, 1 truncated, 2 unary
+    part above limit >> b, 3 position >= limit)."""
+    bits = np.unpackbits(np.asarray(data, np.uint8))
+    zeros = np.flatnonzero(bits == 0)
+    num_bits, max_q = bits.size, limit >> b
+    out, pos, prev = [], 0, -1
+    for j in range(k):
+        z = np.searchsorted(zeros, pos)
+        end = int(zeros[z]) if z < zeros.size else num_bits
+        q = end - pos
+        if end + 1 + b > num_bits:
+            return np.array(out, np.int32), (1, j, 0)
+        r = 0
+        for t in range(b):
+            r = (r << 1) | int(bits[end + 1 + t])
+        pos = end + 1 + b
+        if q > max_q:  # the CPU kernel names a lower bound
+            low = prev + 1 + (min(q, max_q + 1) << b)
+            return np.array(out, np.int32), (2, j, low)
+        p = prev + 1 + ((q << b) | r)
+        if p >= limit:
+            return np.array(out, np.int32), (3, j, p)
+        out.append(p)
+        prev = p
+    return np.array(out, np.int32), (0, 0, 0)
+
+
+def optimal_b(k: int, n: int) -> int:
+    """SBC's b* (tfgc.ops.golomb.golomb_optimal_b, without TensorFlow)."""
+    if k == 0 or k >= n:
+        return 0
+    phi = (1 + 5**0.5) / 2
+    ratio = np.log(phi - 1) / np.log1p(-k / n)
+    return int(min(31, max(0, 1 + np.floor(np.log2(ratio)))))
+
+
+def first_bad(idx: np.ndarray, n: int) -> int:
+    """The first j with idx[j] <= idx[j - 1] or outside [0, n); -1."""
+    i = idx.astype(np.int64)
+    prev = np.concatenate([[-1], i[:-1]])
+    bad = np.flatnonzero((i <= prev) | (i >= n))
+    return int(bad[0]) if bad.size else -1
+
+
+def golomb_inputs(sizes, rng):
+    """(description, indices, n, b) of valid and invalid encodings."""
+    for case, n in enumerate(sizes):
+        if n == 0:
+            yield "empty n=0", np.zeros(0, np.int32), 0, 0
+            continue
+        dtype = np.int64 if case % 2 else np.int32
+        for k in sorted({0, 1, max(1, n // 100), n // 2, n}):
+            idx = np.sort(rng.choice(n, k, replace=False)).astype(dtype)
+            for b in sorted({0, 1, optimal_b(k, n), 31}):
+                yield f"{k=} {n=} {b=} {dtype.__name__}", idx, n, b
+        # Invalid: a duplicate, an unsorted pair, n, -1, several bad.
+        k = max(2, n // 3)
+        if n >= k + 1:
+            idx = np.sort(rng.choice(n, k, replace=False)).astype(dtype)
+            for what, at, value in (
+                ("duplicate", k - 1, None),
+                ("unsorted", k // 2, None),
+                ("index n", k - 1, n),
+                ("negative first", 0, -1),
+                ("negative", k // 2, -5),
+            ):
+                bad = idx.copy()
+                if what == "duplicate":
+                    bad[at] = bad[at - 1]
+                elif what == "unsorted":
+                    bad[at], bad[at - 1] = bad[at - 1], bad[at]
+                    bad[-1] = n  # a later violation too
+                else:
+                    bad[at] = value
+                yield f"{what} {k=} {n=}", bad, n, optimal_b(k, n)
+    # Long unary runs (q up to 1.5e6 ones, words of ones end to end), and
+    # int64 positions far above 2^31 with b = 31 and 20.
+    big = np.array([0, 1_500_000, 1_500_001, 3_000_000], np.int32)
+    yield "long gaps b=0", big, 3_000_001, 0
+    yield "long gaps b=1", big, 3_000_001, 1
+    huge = np.array([5, 2**39, 2**40 - 1], np.int64)
+    yield "int64 b=31", huge, 2**40, 31
+    yield "int64 b=20", huge, 2**40, 20
+    yield "n=0 k=1", np.zeros(1, np.int32), 0, 0
+
+
+def decode_inputs(rng):
+    """(description, bytes, k, b, limit) of invalid or odd streams."""
+    idx = np.sort(rng.choice(5000, 300, replace=False))
+    for b in (0, 3, 31):
+        data, bits = np_golomb_encode(idx, b)
+        yield f"k+1 codes {b=}", data, idx.size + 1, b, 5000
+        yield f"last byte cut {b=}", data[:-1], idx.size, b, 5000
+        yield f"limit below the last {b=}", data, idx.size, b, int(idx[-1])
+        tail = np.concatenate([data, np.full(9, 0xFF, np.uint8)])
+        yield f"trailing bytes {b=}", tail, idx.size, b, 5000
+    data, _ = np_golomb_encode(np.array([3, 400]), 0)
+    yield "unary above limit", data, 2, 0, 100
+    for b in (0, 2):  # q = (limit >> b) + 1 exactly, and q = limit >> b
+        for last in (100 << b, 101 << b):
+            data, _ = np_golomb_encode(np.array([last]), b)
+            yield f"unary edge {last=} {b=}", data, 1, b, 100 << b
+    yield "all ones", np.full(40, 0xFF, np.uint8), 1, 2, 2**31
+    yield "empty stream", np.zeros(0, np.uint8), 1, 0, 10
+    top, _ = np_golomb_encode(np.array([2**31 - 1]), 31)
+    yield "int32 limit", top, 1, 31, 2**31
+
+
+def check_golomb(h: Harness, sizes, setup, verbose) -> int:
+    failures = 0
+    rng = np.random.default_rng(5)
+
+    def report(ok: bool, what: str) -> None:
+        nonlocal failures
+        failures += not ok
+        if verbose or not ok:
+            print(f"{'ok' if ok else 'MISMATCH'} {what}", flush=True)
+
+    case = 0
+    for name, idx, n, b in golomb_inputs(sizes, rng):
+        where = setup(case)
+        case += 1
+        bad = first_bad(idx, n)
+        if bad >= 0:
+            want_bits = 0
+        else:
+            want, want_bits = np_golomb_encode(idx, b)
+        got, bits, (pos, val, prev) = h.golomb_encode(idx, n, b, want_bits)
+        if bad >= 0:
+            before = int(idx[bad - 1]) if bad > 0 else -1
+            ok = (pos, val, prev) == (bad, int(idx[bad]), before)
+            report(ok, f"golomb_encode {name} bad at {pos}{where}")
+            continue
+        ok = pos == -1 and bits == want_bits and np.array_equal(got, want)
+        report(ok, f"golomb_encode {name} {bits=}{where}")
+        if n > 2**31:
+            continue  # positions are int32 in decoding
+        where = setup(case)
+        case += 1
+        out, error = h.golomb_decode(got, idx.size, b, n)
+        ok = error == (0, 0, 0) and np.array_equal(out, idx.astype(np.int32))
+        report(ok, f"golomb_decode {name} {error=}{where}")
+    for name, data, k, b, limit in decode_inputs(rng):
+        where = setup(case)
+        case += 1
+        want, want_error = np_golomb_decode(data, k, b, limit)
+        out, error = h.golomb_decode(data.astype(np.uint8), k, b, limit)
+        ok = data.dtype == np.uint8 and error == want_error
+        ok = ok and np.array_equal(out[: want.size], want)
+        report(ok, f"golomb_decode {name} {error=} want {want_error}{where}")
+    return failures
 
 
 def top_k_inputs(sizes, rng) -> Iterator[tuple[str, np.ndarray]]:
@@ -649,6 +862,7 @@ def check_correctness(
     failures += check_add_residual(h, sizes, setup, verbose)
     failures += check_bits(h, sizes, setup, verbose)
     failures += check_scatter_add_sum(h, sizes, setup, verbose)
+    failures += check_golomb(h, sizes, setup, verbose)
     print(f"correctness: {failures} failures")
     return failures
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -18,6 +19,11 @@
 #include "custom_ops/cc/kernels/golomb_kernels.h"
 #include "custom_ops/cc/kernels/kernel_utils.h"
 #include "custom_ops/cc/kernels/parallel.h"
+
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU
+#include "unsupported/Eigen/CXX11/Tensor"
+#endif  // GOOGLE_CUDA
 
 namespace tfgc {
 namespace {
@@ -266,6 +272,189 @@ REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombDecode")
                             .Device(DEVICE_CPU)
                             .TypeConstraint<int64_t>("Tk"),
                         GolombDecodeOp<int64_t>);
+
+#if GOOGLE_CUDA
+// ---------------------------------------------------------------------------
+// GPU glue over the launchers of golomb_kernels.cu.cc. n, b and k live in
+// host memory; the encoder's output size is copied back before the output
+// is allocated, and both ops wait for the device's validity flags so that
+// they fail like the CPU kernels, with the same messages.
+// ---------------------------------------------------------------------------
+using GPUDevice = Eigen::GpuDevice;
+
+absl::Status CudaStatus(int err, const char* what) {
+  if (err == 0) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat("Golomb CUDA launcher ", what, " failed: error ", err));
+}
+
+// IndexError's message from the values the launcher copied back.
+absl::Status GpuIndexError(int64_t j, int64_t cur, int64_t prev, int64_t n) {
+  if (cur < 0 || cur >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`indices` must be in [0, n). Received: indices[", j,
+                     "]=", cur, " with n=", n));
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "`indices` must be strictly increasing (sorted, no duplicates). "
+      "Received: indices[",
+      j - 1, "]=", prev, ", indices[", j, "]=", cur));
+}
+
+template <typename T>
+class GolombEncodeGpuOp : public OpKernel {
+ public:
+  explicit GolombEncodeGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& indices = ctx->input(0);
+    const Tensor& n_t = ctx->input(1);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(indices.shape()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`indices` must be a vector. Received: shape=",
+                    indices.shape().DebugString())));
+    OP_REQUIRES_OK(ctx, CheckScalar(n_t, "n"));
+    const int64_t n = n_t.scalar<int64_t>()();
+    OP_REQUIRES(ctx, n >= 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`n` must be non-negative. Received: n=", n)));
+    int b;
+    OP_REQUIRES_OK(ctx, CheckB(ctx->input(2), &b));
+    const int64_t k = indices.NumElements();
+    constexpr bool kInt64 = std::is_same<T, int64_t>::value;
+    const void* idx = indices.flat<T>().data();
+    void* stream = ctx->eigen_device<GPUDevice>().stream();
+    Tensor scratch;
+    OP_REQUIRES_OK(
+        ctx, ctx->allocate_temp(
+                 tensorflow::DT_INT8,
+                 TensorShape({gpu::GolombEncodeScratchBytes(k)}), &scratch));
+    void* scratch_p = scratch.flat<int8_t>().data();
+    int64_t total_bits = 0, bad = -1, bad_value = 0, bad_prev = 0;
+    OP_REQUIRES_OK(ctx, CudaStatus(gpu::GolombEncodeSize(
+                                       kInt64, idx, k, n, b, scratch_p,
+                                       stream, &total_bits, &bad, &bad_value,
+                                       &bad_prev),
+                                   "EncodeSize"));
+    OP_REQUIRES(ctx, bad < 0, GpuIndexError(bad, bad_value, bad_prev, n));
+    OP_REQUIRES(
+        ctx, total_bits <= kMaxEncodedBits,
+        absl::InvalidArgumentError(absl::StrCat(
+            "The Golomb stream of k=", k, " positions in n=", n, " with b=",
+            b, " would exceed ", kMaxEncodedBits,
+            " bits; use a larger `b` (golomb_optimal_b(k, n))")));
+    const int64_t num_bytes = (total_bits + 7) / 8;
+    Tensor* encoded = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_bytes}),
+                                             &encoded));
+    // num_bits is a host-memory output.
+    Tensor* num_bits = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &num_bits));
+    num_bits->scalar<int64_t>()() = total_bits;
+    if (num_bytes == 0) return;
+    Tensor words;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(
+                            tensorflow::DT_UINT32,
+                            TensorShape({(total_bits + 31) / 32}), &words));
+    OP_REQUIRES_OK(ctx, CudaStatus(gpu::GolombEncodeWrite(
+                                       kInt64, idx, k, b, total_bits,
+                                       scratch_p, words.flat<uint32_t>().data(),
+                                       encoded->flat<uint8_t>().data(),
+                                       stream),
+                                   "EncodeWrite"));
+  }
+};
+
+template <typename Tk>
+class GolombDecodeGpuOp : public OpKernel {
+ public:
+  explicit GolombDecodeGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& encoded = ctx->input(0);
+    const Tensor& k_t = ctx->input(1);
+    const Tensor& n_t = ctx->input(3);
+    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(encoded.shape()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`encoded` must be a vector of bytes. Received: shape=",
+                    encoded.shape().DebugString())));
+    OP_REQUIRES_OK(ctx, CheckScalar(k_t, "k"));
+    OP_REQUIRES_OK(ctx, CheckScalar(n_t, "n"));
+    const int64_t k = static_cast<int64_t>(k_t.scalar<Tk>()());
+    OP_REQUIRES(ctx, k >= 0,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`k` must be non-negative. Received: k=", k)));
+    int b;
+    OP_REQUIRES_OK(ctx, CheckB(ctx->input(2), &b));
+    const int64_t n = n_t.scalar<int64_t>()();
+    const int64_t limit = n >= 0 ? std::min(n, kInt32Limit) : kInt32Limit;
+    const int64_t num_bits = encoded.NumElements() * 8;
+    OP_REQUIRES(
+        ctx, k <= num_bits / (1 + b),
+        absl::InvalidArgumentError(absl::StrCat(
+            "`encoded` (", num_bits, " bits) is too short for k=", k,
+            " codes of at least 1 + b=", 1 + b,
+            " bits: the stream is truncated or was encoded with another k "
+            "or b")));
+    Tensor* out_t = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &out_t));
+    if (k == 0) return;
+    Tensor scratch;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64,
+                                           TensorShape({3}), &scratch));
+    int64_t error[3] = {0, 0, 0};
+    OP_REQUIRES_OK(
+        ctx, CudaStatus(gpu::GolombDecode(
+                            encoded.flat<uint8_t>().data(),
+                            encoded.NumElements(), k, b, limit,
+                            out_t->flat<int32_t>().data(),
+                            scratch.flat<int64_t>().data(),
+                            ctx->eigen_device<GPUDevice>().stream(), error),
+                        "Decode"));
+    const int64_t j = error[1];
+    OP_REQUIRES(
+        ctx, error[0] != gpu::kDecodeTruncated,
+        absl::InvalidArgumentError(absl::StrCat(
+            "`encoded` (", num_bits, " bits) ends inside the code of "
+            "position ", j, " of k=", k, " with b=", b,
+            ": the stream is truncated or was encoded with another k or "
+            "b")));
+    OP_REQUIRES(
+        ctx, error[0] != gpu::kDecodeQuotientTooLarge,
+        absl::InvalidArgumentError(absl::StrCat(
+            "Decoded position ", j, " of k=", k, " is at least ", error[2],
+            ", outside [0, ", limit, ") (n=", n,
+            ", int32 positions); wrong b=", b, " or corrupt stream")));
+    OP_REQUIRES(
+        ctx, error[0] != gpu::kDecodePositionTooLarge,
+        absl::InvalidArgumentError(absl::StrCat(
+            "Decoded position ", j, " of k=", k, " is ", error[2],
+            ", outside [0, ", limit, ") (n=", n,
+            ", int32 positions); wrong b=", b, " or corrupt stream")));
+  }
+};
+
+#define REGISTER_GPU(T)                                                  \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombEncode")                      \
+                              .Device(tensorflow::DEVICE_GPU)            \
+                              .HostMemory("n")                           \
+                              .HostMemory("b")                           \
+                              .HostMemory("num_bits")                    \
+                              .TypeConstraint<T>("T"),                   \
+                          GolombEncodeGpuOp<T>);                         \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombDecode")                      \
+                              .Device(tensorflow::DEVICE_GPU)            \
+                              .HostMemory("k")                           \
+                              .HostMemory("b")                           \
+                              .HostMemory("n")                           \
+                              .TypeConstraint<T>("Tk"),                  \
+                          GolombDecodeGpuOp<T>);
+
+REGISTER_GPU(int32_t)
+REGISTER_GPU(int64_t)
+
+#undef REGISTER_GPU
+#endif  // GOOGLE_CUDA
 
 }  // namespace
 }  // namespace tfgc

@@ -151,6 +151,53 @@ inline int LeadingOnes(uint64_t w) {
 }
 
 }  // namespace golomb
+
+namespace gpu {
+
+// CUDA launchers (golomb_kernels.cu.cc). Device pointers unless said
+// otherwise; `stream` is a cudaStream_t; `index_int64` says whether the
+// indices are int64 (else int32). Return a cudaError_t value (0 is success).
+
+// Bytes of the device scratch GolombEncodeSize/Write need for k positions.
+int64_t GolombEncodeScratchBytes(int64_t k);
+
+// Checks the k indices (strictly increasing, in [0, n)) and sizes their
+// codes; blocks until the stream is done. Host outputs: *bad_position is -1
+// or the first invalid j, with *bad_value = indices[j] and *bad_prev =
+// indices[j - 1] (-1 for j = 0); when valid, *num_bits is the stream length
+// (saturated near 2^62, far above any stream the ops accept) and the
+// scratch holds the bit offsets GolombEncodeWrite reads.
+int GolombEncodeSize(bool index_int64, const void* indices, int64_t k,
+                     int64_t n, int b, void* scratch, void* stream,
+                     int64_t* num_bits, int64_t* bad_position,
+                     int64_t* bad_value, int64_t* bad_prev);
+
+// Writes the stream sized by the last GolombEncodeSize of these indices
+// into `out` (ceil(num_bits / 8) bytes), through `words`, device scratch of
+// ceil(num_bits / 32) uint32 words.
+int GolombEncodeWrite(bool index_int64, const void* indices, int64_t k,
+                      int b, int64_t num_bits, const void* scratch,
+                      uint32_t* words, uint8_t* out, void* stream);
+
+// What GolombDecode found wrong: none, a code running past the stream, a
+// unary part above (limit >> b), a position >= limit.
+enum GolombDecodeError : int64_t {
+  kDecodeOk = 0,
+  kDecodeTruncated = 1,
+  kDecodeQuotientTooLarge = 2,
+  kDecodePositionTooLarge = 3,
+};
+
+// Decodes k positions (all < limit, limit <= 2^31) from num_bytes bytes
+// into out[k]; `scratch` holds 3 int64. Blocks until the stream is done and
+// sets the host array error[3] = {GolombDecodeError, code j, value}: the
+// value is the lower bound of position j for kDecodeQuotientTooLarge and
+// position j for kDecodePositionTooLarge (the CPU kernel's messages).
+int GolombDecode(const uint8_t* encoded, int64_t num_bytes, int64_t k, int b,
+                 int64_t limit, int32_t* out, int64_t* scratch, void* stream,
+                 int64_t* error);
+
+}  // namespace gpu
 }  // namespace tfgc
 
 #endif  // TFGC_CUSTOM_OPS_CC_KERNELS_GOLOMB_KERNELS_H_
