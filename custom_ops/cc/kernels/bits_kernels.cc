@@ -316,21 +316,6 @@ class UnpackBitsGpuOp : public OpKernelWithN {
   }
 };
 
-template <typename T>
-constexpr int GpuDType();
-template <>
-constexpr int GpuDType<float>() {
-  return 0;
-}
-template <>
-constexpr int GpuDType<Eigen::half>() {
-  return 1;
-}
-template <>
-constexpr int GpuDType<Eigen::bfloat16>() {
-  return 2;
-}
-
 template <typename T, bool kVote>
 class UnpackBitsReduceGpuOp : public OpKernelWithN {
  public:

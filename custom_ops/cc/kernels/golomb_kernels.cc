@@ -57,10 +57,11 @@ absl::Status CheckB(const Tensor& t, int* b) {
   return absl::OkStatus();
 }
 
-// Why indices[j] is invalid (out of range, or not above indices[j - 1]).
-template <typename T>
-absl::Status IndexError(const T* idx, int64_t j, int64_t n) {
-  const int64_t cur = static_cast<int64_t>(idx[j]);
+// The checks and messages the CPU and the GPU kernels share.
+
+// Why indices[j] = cur is invalid (out of range, or not above
+// indices[j - 1] = prev).
+absl::Status IndexError(int64_t j, int64_t cur, int64_t prev, int64_t n) {
   if (cur < 0 || cur >= n) {
     return absl::InvalidArgumentError(
         absl::StrCat("`indices` must be in [0, n). Received: indices[", j,
@@ -69,8 +70,90 @@ absl::Status IndexError(const T* idx, int64_t j, int64_t n) {
   return absl::InvalidArgumentError(absl::StrCat(
       "`indices` must be strictly increasing (sorted, no duplicates). "
       "Received: indices[",
-      j - 1, "]=", static_cast<int64_t>(idx[j - 1]), ", indices[", j,
-      "]=", cur));
+      j - 1, "]=", prev, ", indices[", j, "]=", cur));
+}
+
+// Validates GolombEncode's inputs (indices, n, b) and reads n and b.
+absl::Status ReadEncodeArgs(OpKernelContext* ctx, int64_t* n, int* b) {
+  const Tensor& indices = ctx->input(0);
+  if (!TensorShapeUtils::IsVector(indices.shape())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`indices` must be a vector. Received: shape=",
+                     indices.shape().DebugString()));
+  }
+  TF_RETURN_IF_ERROR(CheckScalar(ctx->input(1), "n"));
+  *n = ctx->input(1).scalar<int64_t>()();
+  if (*n < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`n` must be non-negative. Received: n=", *n));
+  }
+  return CheckB(ctx->input(2), b);
+}
+
+absl::Status CheckEncodedBits(uint64_t bits, int64_t k, int64_t n, int b) {
+  if (bits <= static_cast<uint64_t>(kMaxEncodedBits)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "The Golomb stream of k=", k, " positions in n=", n, " with b=", b,
+      " would exceed ", kMaxEncodedBits,
+      " bits; use a larger `b` (golomb_optimal_b(k, n))"));
+}
+
+// GolombDecode's scalars, validated.
+struct DecodeArgs {
+  int64_t k = 0;
+  int b = 0;
+  int64_t n = 0;
+  int64_t limit = 0;     // positions must be below it: n if given, and int32
+  int64_t num_bits = 0;  // of `encoded`
+};
+
+// Validates GolombDecode's inputs (encoded, k, b, n) and reads them.
+template <typename Tk>
+absl::Status ReadDecodeArgs(OpKernelContext* ctx, DecodeArgs* a) {
+  const Tensor& encoded = ctx->input(0);
+  if (!TensorShapeUtils::IsVector(encoded.shape())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`encoded` must be a vector of bytes. Received: shape=",
+                     encoded.shape().DebugString()));
+  }
+  TF_RETURN_IF_ERROR(CheckScalar(ctx->input(1), "k"));
+  TF_RETURN_IF_ERROR(CheckScalar(ctx->input(3), "n"));
+  a->k = static_cast<int64_t>(ctx->input(1).scalar<Tk>()());
+  if (a->k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`k` must be non-negative. Received: k=", a->k));
+  }
+  TF_RETURN_IF_ERROR(CheckB(ctx->input(2), &a->b));
+  a->n = ctx->input(3).scalar<int64_t>()();
+  a->limit = a->n >= 0 ? std::min(a->n, kInt32Limit) : kInt32Limit;
+  a->num_bits = encoded.NumElements() * 8;
+  // Every code takes at least 1 + b bits.
+  if (a->k > a->num_bits / (1 + a->b)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`encoded` (", a->num_bits, " bits) is too short for k=", a->k,
+        " codes of at least 1 + b=", 1 + a->b,
+        " bits: the stream is truncated or was encoded with another k or "
+        "b"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TruncatedError(const DecodeArgs& a, int64_t j) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "`encoded` (", a.num_bits, " bits) ends inside the code of position ",
+      j, " of k=", a.k, " with b=", a.b,
+      ": the stream is truncated or was encoded with another k or b"));
+}
+
+// Position j decodes to `pos` (`at_least` when only a lower bound of it is
+// known) outside [0, limit).
+absl::Status PositionError(const DecodeArgs& a, int64_t j, int64_t pos,
+                           bool at_least) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "Decoded position ", j, " of k=", a.k, " is ",
+      at_least ? "at least " : "", pos, ", outside [0, ", a.limit,
+      ") (n=", a.n, ", int32 positions); wrong b=", a.b,
+      " or corrupt stream"));
 }
 
 template <typename T>
@@ -79,19 +162,10 @@ class GolombEncodeOp : public OpKernel {
   explicit GolombEncodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
+    int64_t n = 0;
+    int b = 0;
+    OP_REQUIRES_OK(ctx, ReadEncodeArgs(ctx, &n, &b));
     const Tensor& indices = ctx->input(0);
-    const Tensor& n_t = ctx->input(1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(indices.shape()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`indices` must be a vector. Received: shape=",
-                    indices.shape().DebugString())));
-    OP_REQUIRES_OK(ctx, CheckScalar(n_t, "n"));
-    const int64_t n = n_t.scalar<int64_t>()();
-    OP_REQUIRES(ctx, n >= 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`n` must be non-negative. Received: n=", n)));
-    int b;
-    OP_REQUIRES_OK(ctx, CheckB(ctx->input(2), &b));
     const int64_t k = indices.NumElements();
     const T* idx = indices.flat<T>().data();
 
@@ -115,20 +189,18 @@ class GolombEncodeOp : public OpKernel {
       block_bits[blk] = bits;
     });
     for (int64_t blk = 0; blk < num_blocks; ++blk) {
-      if (first_bad[blk] >= 0) {
-        OP_REQUIRES_OK(ctx, IndexError(idx, first_bad[blk], n));
+      const int64_t j = first_bad[blk];
+      if (j >= 0) {
+        const int64_t prev = j == 0 ? -1 : static_cast<int64_t>(idx[j - 1]);
+        OP_REQUIRES_OK(ctx, IndexError(j, static_cast<int64_t>(idx[j]), prev,
+                                       n));
       }
     }
     std::vector<int64_t> offsets(num_blocks + 1, 0);
     for (int64_t blk = 0; blk < num_blocks; ++blk) {
       const uint64_t next = static_cast<uint64_t>(offsets[blk]) +
                             block_bits[blk];
-      OP_REQUIRES(
-          ctx, next <= static_cast<uint64_t>(kMaxEncodedBits),
-          absl::InvalidArgumentError(absl::StrCat(
-              "The Golomb stream of k=", k, " positions in n=", n,
-              " with b=", b, " would exceed ", kMaxEncodedBits,
-              " bits; use a larger `b` (golomb_optimal_b(k, n))")));
+      OP_REQUIRES_OK(ctx, CheckEncodedBits(next, k, n, b));
       offsets[blk + 1] = static_cast<int64_t>(next);
     }
     const int64_t total_bits = offsets[num_blocks];
@@ -171,41 +243,18 @@ class GolombDecodeOp : public OpKernel {
   explicit GolombDecodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
+    DecodeArgs a;
+    OP_REQUIRES_OK(ctx, ReadDecodeArgs<Tk>(ctx, &a));
+    const int64_t k = a.k;
+    const int b = a.b;
     const Tensor& encoded = ctx->input(0);
-    const Tensor& k_t = ctx->input(1);
-    const Tensor& n_t = ctx->input(3);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(encoded.shape()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`encoded` must be a vector of bytes. Received: shape=",
-                    encoded.shape().DebugString())));
-    OP_REQUIRES_OK(ctx, CheckScalar(k_t, "k"));
-    OP_REQUIRES_OK(ctx, CheckScalar(n_t, "n"));
-    const int64_t k = static_cast<int64_t>(k_t.scalar<Tk>()());
-    OP_REQUIRES(ctx, k >= 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`k` must be non-negative. Received: k=", k)));
-    int b;
-    OP_REQUIRES_OK(ctx, CheckB(ctx->input(2), &b));
-    const int64_t n = n_t.scalar<int64_t>()();
-    // Positions must be < limit: n when given (n >= 0), and int32.
-    const int64_t limit = n >= 0 ? std::min(n, kInt32Limit) : kInt32Limit;
-
     golomb::BitReader reader(encoded.flat<uint8_t>().data(),
                              encoded.NumElements());
-    const int64_t num_bits = reader.num_bits();
-    // Every code takes at least 1 + b bits.
-    OP_REQUIRES(
-        ctx, k <= num_bits / (1 + b),
-        absl::InvalidArgumentError(absl::StrCat(
-            "`encoded` (", num_bits, " bits) is too short for k=", k,
-            " codes of at least 1 + b=", 1 + b,
-            " bits: the stream is truncated or was encoded with another k "
-            "or b")));
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &out_t));
     int32_t* out = out_t->flat<int32_t>().data();
     const uint64_t r_mask = (uint64_t{1} << b) - 1;
-    const uint64_t max_q = static_cast<uint64_t>(limit) >> b;
+    const uint64_t max_q = static_cast<uint64_t>(a.limit) >> b;
     int64_t prev = -1;
     for (int64_t j = 0; j < k; ++j) {
       uint64_t q = 0;
@@ -218,7 +267,7 @@ class GolombDecodeOp : public OpKernel {
         r = (w >> (63 - ones - b)) & r_mask;
         reader.Skip(ones + 1 + b);
       } else {
-        while (ones == 64 && reader.pos() < num_bits) {
+        while (ones == 64 && reader.pos() < a.num_bits) {
           q += 64;
           reader.Skip(64);
           w = reader.Peek();
@@ -229,27 +278,16 @@ class GolombDecodeOp : public OpKernel {
         if (b > 0) r = reader.Peek() >> (64 - b);
         reader.Skip(b);
       }
-      OP_REQUIRES(
-          ctx, reader.pos() <= num_bits,
-          absl::InvalidArgumentError(absl::StrCat(
-              "`encoded` (", num_bits, " bits) ends inside the code of "
-              "position ", j, " of k=", k, " with b=", b,
-              ": the stream is truncated or was encoded with another k or "
-              "b")));
+      OP_REQUIRES(ctx, reader.pos() <= a.num_bits, TruncatedError(a, j));
       OP_REQUIRES(
           ctx, q <= max_q,
-          absl::InvalidArgumentError(absl::StrCat(
-              "Decoded position ", j, " of k=", k, " is at least ",
+          PositionError(
+              a, j,
               prev + 1 + static_cast<int64_t>(std::min(q, max_q + 1) << b),
-              ", outside [0, ", limit, ") (n=", n,
-              ", int32 positions); wrong b=", b, " or corrupt stream")));
+              /*at_least=*/true));
       const int64_t pos = prev + 1 + static_cast<int64_t>((q << b) | r);
-      OP_REQUIRES(
-          ctx, pos < limit,
-          absl::InvalidArgumentError(absl::StrCat(
-              "Decoded position ", j, " of k=", k, " is ", pos,
-              ", outside [0, ", limit, ") (n=", n,
-              ", int32 positions); wrong b=", b, " or corrupt stream")));
+      OP_REQUIRES(ctx, pos < a.limit,
+                  PositionError(a, j, pos, /*at_least=*/false));
       out[j] = static_cast<int32_t>(pos);
       prev = pos;
     }
@@ -288,38 +326,16 @@ absl::Status CudaStatus(int err, const char* what) {
       absl::StrCat("Golomb CUDA launcher ", what, " failed: error ", err));
 }
 
-// IndexError's message from the values the launcher copied back.
-absl::Status GpuIndexError(int64_t j, int64_t cur, int64_t prev, int64_t n) {
-  if (cur < 0 || cur >= n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("`indices` must be in [0, n). Received: indices[", j,
-                     "]=", cur, " with n=", n));
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "`indices` must be strictly increasing (sorted, no duplicates). "
-      "Received: indices[",
-      j - 1, "]=", prev, ", indices[", j, "]=", cur));
-}
-
 template <typename T>
 class GolombEncodeGpuOp : public OpKernel {
  public:
   explicit GolombEncodeGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
+    int64_t n = 0;
+    int b = 0;
+    OP_REQUIRES_OK(ctx, ReadEncodeArgs(ctx, &n, &b));
     const Tensor& indices = ctx->input(0);
-    const Tensor& n_t = ctx->input(1);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(indices.shape()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`indices` must be a vector. Received: shape=",
-                    indices.shape().DebugString())));
-    OP_REQUIRES_OK(ctx, CheckScalar(n_t, "n"));
-    const int64_t n = n_t.scalar<int64_t>()();
-    OP_REQUIRES(ctx, n >= 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`n` must be non-negative. Received: n=", n)));
-    int b;
-    OP_REQUIRES_OK(ctx, CheckB(ctx->input(2), &b));
     const int64_t k = indices.NumElements();
     constexpr bool kInt64 = std::is_same<T, int64_t>::value;
     const void* idx = indices.flat<T>().data();
@@ -336,13 +352,9 @@ class GolombEncodeGpuOp : public OpKernel {
                                        stream, &total_bits, &bad, &bad_value,
                                        &bad_prev),
                                    "EncodeSize"));
-    OP_REQUIRES(ctx, bad < 0, GpuIndexError(bad, bad_value, bad_prev, n));
-    OP_REQUIRES(
-        ctx, total_bits <= kMaxEncodedBits,
-        absl::InvalidArgumentError(absl::StrCat(
-            "The Golomb stream of k=", k, " positions in n=", n, " with b=",
-            b, " would exceed ", kMaxEncodedBits,
-            " bits; use a larger `b` (golomb_optimal_b(k, n))")));
+    OP_REQUIRES(ctx, bad < 0, IndexError(bad, bad_value, bad_prev, n));
+    OP_REQUIRES_OK(ctx, CheckEncodedBits(static_cast<uint64_t>(total_bits),
+                                         k, n, b));
     const int64_t num_bytes = (total_bits + 7) / 8;
     Tensor* encoded = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_bytes}),
@@ -371,31 +383,10 @@ class GolombDecodeGpuOp : public OpKernel {
   explicit GolombDecodeGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
+    DecodeArgs a;
+    OP_REQUIRES_OK(ctx, ReadDecodeArgs<Tk>(ctx, &a));
+    const int64_t k = a.k;
     const Tensor& encoded = ctx->input(0);
-    const Tensor& k_t = ctx->input(1);
-    const Tensor& n_t = ctx->input(3);
-    OP_REQUIRES(ctx, TensorShapeUtils::IsVector(encoded.shape()),
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`encoded` must be a vector of bytes. Received: shape=",
-                    encoded.shape().DebugString())));
-    OP_REQUIRES_OK(ctx, CheckScalar(k_t, "k"));
-    OP_REQUIRES_OK(ctx, CheckScalar(n_t, "n"));
-    const int64_t k = static_cast<int64_t>(k_t.scalar<Tk>()());
-    OP_REQUIRES(ctx, k >= 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`k` must be non-negative. Received: k=", k)));
-    int b;
-    OP_REQUIRES_OK(ctx, CheckB(ctx->input(2), &b));
-    const int64_t n = n_t.scalar<int64_t>()();
-    const int64_t limit = n >= 0 ? std::min(n, kInt32Limit) : kInt32Limit;
-    const int64_t num_bits = encoded.NumElements() * 8;
-    OP_REQUIRES(
-        ctx, k <= num_bits / (1 + b),
-        absl::InvalidArgumentError(absl::StrCat(
-            "`encoded` (", num_bits, " bits) is too short for k=", k,
-            " codes of at least 1 + b=", 1 + b,
-            " bits: the stream is truncated or was encoded with another k "
-            "or b")));
     Tensor* out_t = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &out_t));
     if (k == 0) return;
@@ -406,31 +397,17 @@ class GolombDecodeGpuOp : public OpKernel {
     OP_REQUIRES_OK(
         ctx, CudaStatus(gpu::GolombDecode(
                             encoded.flat<uint8_t>().data(),
-                            encoded.NumElements(), k, b, limit,
+                            encoded.NumElements(), k, a.b, a.limit,
                             out_t->flat<int32_t>().data(),
                             scratch.flat<int64_t>().data(),
                             ctx->eigen_device<GPUDevice>().stream(), error),
                         "Decode"));
     const int64_t j = error[1];
-    OP_REQUIRES(
-        ctx, error[0] != gpu::kDecodeTruncated,
-        absl::InvalidArgumentError(absl::StrCat(
-            "`encoded` (", num_bits, " bits) ends inside the code of "
-            "position ", j, " of k=", k, " with b=", b,
-            ": the stream is truncated or was encoded with another k or "
-            "b")));
-    OP_REQUIRES(
-        ctx, error[0] != gpu::kDecodeQuotientTooLarge,
-        absl::InvalidArgumentError(absl::StrCat(
-            "Decoded position ", j, " of k=", k, " is at least ", error[2],
-            ", outside [0, ", limit, ") (n=", n,
-            ", int32 positions); wrong b=", b, " or corrupt stream")));
-    OP_REQUIRES(
-        ctx, error[0] != gpu::kDecodePositionTooLarge,
-        absl::InvalidArgumentError(absl::StrCat(
-            "Decoded position ", j, " of k=", k, " is ", error[2],
-            ", outside [0, ", limit, ") (n=", n,
-            ", int32 positions); wrong b=", b, " or corrupt stream")));
+    OP_REQUIRES(ctx, error[0] != gpu::kDecodeTruncated, TruncatedError(a, j));
+    OP_REQUIRES(ctx, error[0] != gpu::kDecodeQuotientTooLarge,
+                PositionError(a, j, error[2], /*at_least=*/true));
+    OP_REQUIRES(ctx, error[0] != gpu::kDecodePositionTooLarge,
+                PositionError(a, j, error[2], /*at_least=*/false));
   }
 };
 

@@ -7,6 +7,8 @@
 #ifndef TFGC_CUSTOM_OPS_CC_KERNELS_KERNEL_UTILS_H_
 #define TFGC_CUSTOM_OPS_CC_KERNELS_KERNEL_UTILS_H_
 
+#include <type_traits>
+
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -21,6 +23,18 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::TensorShapeUtils;
+
+// The element-type code the CUDA launchers take: 0 float, 1 half,
+// 2 bfloat16 (gpu::DType of top_k_sample_kernels.h).
+template <typename T>
+constexpr int GpuDType() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, Eigen::half> ||
+                    std::is_same_v<T, Eigen::bfloat16>,
+                "the CUDA kernels take float, half and bfloat16");
+  if constexpr (std::is_same_v<T, float>) return 0;
+  if constexpr (std::is_same_v<T, Eigen::half>) return 1;
+  return 2;
+}
 
 }  // namespace tfgc
 

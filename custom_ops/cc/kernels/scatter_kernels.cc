@@ -212,21 +212,6 @@ REGISTER_CPU(Eigen::bfloat16)
 using GPUDevice = Eigen::GpuDevice;
 
 template <typename T>
-constexpr int GpuDType();
-template <>
-constexpr int GpuDType<float>() {
-  return 0;
-}
-template <>
-constexpr int GpuDType<Eigen::half>() {
-  return 1;
-}
-template <>
-constexpr int GpuDType<Eigen::bfloat16>() {
-  return 2;
-}
-
-template <typename T>
 class ScatterAddSumGpuOp : public OpKernel {
  public:
   explicit ScatterAddSumGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}

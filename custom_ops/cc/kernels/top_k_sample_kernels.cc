@@ -916,18 +916,8 @@ REGISTER_CPU_ALL_K(Eigen::bfloat16)
 using GPUDevice = Eigen::GpuDevice;
 
 template <typename T>
-constexpr gpu::DType GpuDType();
-template <>
-constexpr gpu::DType GpuDType<float>() {
-  return gpu::DType::kFloat;
-}
-template <>
-constexpr gpu::DType GpuDType<Eigen::half>() {
-  return gpu::DType::kHalf;
-}
-template <>
-constexpr gpu::DType GpuDType<Eigen::bfloat16>() {
-  return gpu::DType::kBfloat16;
+constexpr gpu::DType GpuDTypeOf() {
+  return static_cast<gpu::DType>(GpuDType<T>());
 }
 
 absl::Status CudaStatus(int err, const char* what) {
@@ -958,7 +948,7 @@ class TopKSampleGpuOp : public TopKSampleOpBase {
       OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
                               {1}, 2, r.shape(), &acc));
       OP_REQUIRES_OK(ctx, CudaStatus(gpu::AddResidual(
-                                         GpuDType<T>(), x, r.flat<T>().data(),
+                                         GpuDTypeOf<T>(), x, r.flat<T>().data(),
                                          acc->flat<T>().data(), n, stream),
                                      "AddResidual"));
       x = acc->flat<T>().data();
@@ -972,7 +962,7 @@ class TopKSampleGpuOp : public TopKSampleOpBase {
     void* scratch_p = scratch.flat<int8_t>().data();
     SelectionPlan plan;
     OP_REQUIRES_OK(ctx, CudaStatus(gpu::TopKSamplePlan(
-                                       GpuDType<T>(), x, n, k, mode_, rounds_,
+                                       GpuDTypeOf<T>(), x, n, k, mode_, rounds_,
                                        seed, scratch_p, stream, &plan),
                                    "Plan"));
     Tensor* values = nullptr;
@@ -982,7 +972,7 @@ class TopKSampleGpuOp : public TopKSampleOpBase {
     if (plan.output_size == 0) return;
     OP_REQUIRES_OK(
         ctx, CudaStatus(gpu::TopKSampleWrite(
-                            GpuDType<T>(), x, n, plan,
+                            GpuDTypeOf<T>(), x, n, plan,
                             values->flat<T>().data(),
                             indices->flat<int32_t>().data(), zero, scratch_p,
                             stream),
