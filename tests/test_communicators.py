@@ -32,15 +32,16 @@ def test_fused_equals_one_collective_per_tensor(op, mirrored):
         def replica_fn():
             ctx = tf.distribute.get_replica_context()
             tensors = _tensors(ctx.replica_id_in_sync_group)
+            group = communicators.Auto().group()
             if op == "all_reduce_sum":
                 tensors = tensors[:5]  # integer sums of 8-bit types: none
-                fused = fusion.all_reduce_sum(tensors, ctx)
+                fused = fusion.all_reduce_sum(tensors, group)
                 single = [
                     ctx.all_reduce(tf.distribute.ReduceOp.SUM, t)
                     for t in tensors
                 ]
             else:
-                fused = fusion.all_gather(tensors, ctx)
+                fused = fusion.all_gather(tensors, group)
                 # The per-tensor reference gathers each tensor as float64
                 # (a type every gather kernel takes) and casts back.
                 single = [
@@ -74,7 +75,7 @@ def test_allgather_communicator_sums_linear_payloads(mirrored):
         def replica_fn():
             ctx = tf.distribute.get_replica_context()
             x = tf.fill([3], tf.cast(ctx.replica_id_in_sync_group, tf.float32))
-            return comm.exchange([(x,)], ["all_reduce"])[0][0]
+            return comm.carry([(x,)], ["all_reduce"])[0][0][0]
 
         return strategy.run(replica_fn)
 
@@ -85,7 +86,7 @@ def test_allgather_communicator_sums_linear_payloads(mirrored):
 
 def test_allreduce_refuses_gather_payloads():
     with pytest.raises(ValueError, match="communicator='auto'"):
-        communicators.AllReduce().exchange([(tf.ones(2),)], ["all_gather"])
+        communicators.AllReduce().carry([(tf.ones(2),)], ["all_gather"])
 
 
 def test_communication_options_round_trip():

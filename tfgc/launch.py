@@ -6,6 +6,11 @@ tried on one machine::
 
     python -m tfgc.launch -n 2 -- python examples/train.py --epochs 1
 
+With ``--hosts M`` the workers are split into M consecutive groups that
+look like M hosts: group h listens on the loopback address 127.0.0.(h+1),
+so the cluster spec names M host names (for the hierarchical
+communicator). They are still one machine: nothing is shaped or slower.
+
 Every line a worker prints is echoed with a ``[worker i] `` prefix. If a
 worker fails, the others are stopped and the launcher exits with the
 failing worker's exit code; on ``--timeout`` it exits with 124.
@@ -31,6 +36,7 @@ __all__ = [
     "EXIT_TIMEOUT",
     "cluster_spec",
     "free_ports",
+    "host_names",
     "main",
     "run",
     "tf_config",
@@ -80,8 +86,33 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             sock.close()
 
 
+def host_names(num_workers: int, num_hosts: int = 1) -> list[str]:
+    """The host name of every worker when they stand for ``num_hosts``.
+
+    One host: ``localhost``. Several: workers are split into consecutive
+    groups of ``num_workers // num_hosts``, group h on 127.0.0.(h+1).
+
+    Raises:
+        ValueError: If ``num_hosts`` is not in [1, 254] or does not divide
+            ``num_workers``.
+    """
+    if not 1 <= num_hosts <= 254 or num_workers % num_hosts:
+        raise ValueError(
+            f"hosts={num_hosts} must be in [1, 254] and divide num_workers="
+            f"{num_workers}, so that every host runs as many workers; "
+            f"e.g. -n {num_workers} --hosts 1"
+        )
+    if num_hosts == 1:
+        return ["localhost"] * num_workers
+    per_host = num_workers // num_hosts
+    return [f"127.0.0.{1 + i // per_host}" for i in range(num_workers)]
+
+
 def cluster_spec(
-    num_workers: int, ports: Sequence[int], host: str = "localhost"
+    num_workers: int,
+    ports: Sequence[int],
+    host: str = "localhost",
+    hosts: Sequence[str] | None = None,
 ) -> dict[str, list[str]]:
     """Builds the ``cluster`` part of ``TF_CONFIG``.
 
@@ -89,28 +120,43 @@ def cluster_spec(
         num_workers: Number of workers; must equal ``len(ports)``.
         ports: One port per worker, in worker-index order.
         host: Host name each worker address uses.
+        hosts: One host name per worker, instead of ``host``.
 
     Returns:
         ``{"worker": ["host:port", ...]}``.
 
     Raises:
-        ValueError: If ``num_workers`` does not match the number of ports.
+        ValueError: If ``num_workers`` does not match the number of ports
+            (or of ``hosts``).
     """
     if len(ports) != num_workers:
         raise ValueError(
             f"cluster_spec: got {len(ports)} ports for num_workers="
             f"{num_workers}; pass exactly one port per worker"
         )
-    return {"worker": [f"{host}:{port}" for port in ports]}
+    if hosts is None:
+        hosts = [host] * num_workers
+    if len(hosts) != num_workers:
+        raise ValueError(
+            f"cluster_spec: got {len(hosts)} host names for num_workers="
+            f"{num_workers}; pass exactly one per worker"
+        )
+    return {"worker": [f"{h}:{port}" for h, port in zip(hosts, ports)]}
 
 
-def tf_config(num_workers: int, ports: Sequence[int], index: int) -> str:
+def tf_config(
+    num_workers: int,
+    ports: Sequence[int],
+    index: int,
+    hosts: Sequence[str] | None = None,
+) -> str:
     """Returns the ``TF_CONFIG`` JSON string for one worker.
 
     Args:
         num_workers: Number of workers in the cluster.
         ports: One port per worker, in worker-index order.
         index: This worker's index, ``0 <= index < num_workers``.
+        hosts: One host name per worker (default: all ``localhost``).
 
     Returns:
         JSON text as ``MultiWorkerMirroredStrategy`` expects it.
@@ -125,7 +171,7 @@ def tf_config(num_workers: int, ports: Sequence[int], index: int) -> str:
         )
     return json.dumps(
         {
-            "cluster": cluster_spec(num_workers, ports),
+            "cluster": cluster_spec(num_workers, ports, hosts=hosts),
             "task": {"type": "worker", "index": index},
         }
     )
@@ -230,6 +276,7 @@ def run(
     output: TextIO | None = None,
     ports: Sequence[int] | None = None,
     grace: float = 5.0,
+    hosts: int = 1,
 ) -> int:
     """Runs ``command`` as ``num_workers`` local workers and waits for them.
 
@@ -249,6 +296,8 @@ def run(
             the launcher's own messages; ``sys.stdout`` if ``None``.
         ports: One port per worker; free ports are picked if ``None``.
         grace: Seconds between SIGTERM and SIGKILL when stopping workers.
+        hosts: Number of hosts the workers stand for (see the module
+            docstring); must divide ``num_workers``.
 
     Returns:
         0 if every worker exited 0; otherwise the exit code of the first
@@ -257,7 +306,8 @@ def run(
 
     Raises:
         ValueError: If ``command`` is empty, ``num_workers`` < 1, ``timeout``
-            is not positive or ``ports`` has the wrong length.
+            is not positive, ``ports`` has the wrong length or ``hosts``
+            does not divide ``num_workers``.
         TypeError: If ``command`` is a string rather than a list.
     """
     _check_args(command, num_workers, timeout)
@@ -265,7 +315,8 @@ def run(
     if ports is None:
         ports = free_ports(num_workers)
     # Validate early so a bad port list fails before anything starts.
-    cluster_spec(num_workers, ports)
+    names = host_names(num_workers, hosts)
+    cluster_spec(num_workers, ports, hosts=names)
 
     base_env = dict(os.environ)
     if env is not None:
@@ -281,7 +332,9 @@ def run(
     try:
         for index in range(num_workers):
             worker_env = dict(base_env)
-            worker_env["TF_CONFIG"] = tf_config(num_workers, ports, index)
+            worker_env["TF_CONFIG"] = tf_config(
+                num_workers, ports, index, hosts=names
+            )
             worker_env["TFGC_WORKER_INDEX"] = str(index)
             worker_env["TFGC_NUM_WORKERS"] = str(num_workers)
             try:
@@ -403,7 +456,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tfgc.launch",
         usage=(
-            "%(prog)s -n N [--timeout SECONDS] [--port-base P] "
+            "%(prog)s -n N [--hosts M] [--timeout SECONDS] [--port-base P] "
             "[--grace SECONDS] -- COMMAND [ARG ...]"
         ),
         description=(
@@ -418,6 +471,14 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive_int,
         required=True,
         help="number of worker processes to start (>= 1)",
+    )
+    parser.add_argument(
+        "--hosts",
+        type=_positive_int,
+        default=1,
+        metavar="M",
+        help="split the workers into M groups on loopback addresses "
+        "127.0.0.1..M, so that they look like M hosts (must divide N)",
     )
     parser.add_argument(
         "--timeout",
@@ -478,6 +539,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         ports = list(range(args.port_base, last + 1))
 
+    try:
+        host_names(args.num_workers, args.hosts)
+    except ValueError as err:
+        parser.error(f"argument --hosts: {err}")
+
     def on_sigterm(signum, frame):
         raise _Terminated()
 
@@ -489,6 +555,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             timeout=args.timeout,
             ports=ports,
             grace=args.grace,
+            hosts=args.hosts,
         )
     finally:
         signal.signal(signal.SIGTERM, previous)

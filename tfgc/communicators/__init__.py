@@ -8,9 +8,11 @@ from tfgc.communicators.communicator import (
     Auto,
     Communicator,
 )
-from tfgc.communicators.exchange import exchange
+from tfgc.communicators.exchange import StepResult, Traffic
+from tfgc.communicators.hierarchical import Hierarchical
+from tfgc.communicators.topology import Topology
 
-_BY_NAME = {c.name: c for c in (Auto, AllReduce, AllGather)}
+_BY_NAME = {c.name: c for c in (Auto, AllReduce, AllGather, Hierarchical)}
 
 
 def names() -> list[str]:
@@ -19,7 +21,8 @@ def names() -> list[str]:
 
 def get(identifier, options=None) -> Communicator:
     """Returns a communicator from a name ("auto", "allreduce",
-    "allgather"), a `{"name": ..., "config": ...}` dict, or an instance."""
+    "allgather", "hierarchical"), a `{"name": ..., "config": ...}` dict,
+    or an instance."""
     if isinstance(identifier, Communicator):
         if options is not None:
             raise ValueError(
@@ -51,7 +54,10 @@ __all__ = [
     "AllReduce",
     "Auto",
     "Communicator",
-    "exchange",
+    "Hierarchical",
+    "StepResult",
+    "Topology",
+    "Traffic",
     "get",
     "names",
     "serialize",

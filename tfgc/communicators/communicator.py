@@ -1,4 +1,4 @@
-"""Communicators carry one round of payloads between workers."""
+"""Communicators carry payloads between workers, fused into few collectives."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from tfgc.communicators import fusion
-from tfgc.compressors.base import ALL_GATHER, ALL_REDUCE
+from tfgc.communicators import exchange, fusion
+from tfgc.communicators import topology as topology_lib
+from tfgc.communicators.collectives import Group
+from tfgc.compressors.base import ALL_GATHER, ALL_GATHER_RAGGED, ALL_REDUCE
 
 _Options = tf.distribute.experimental.CommunicationOptions
 _Implementation = tf.distribute.experimental.CommunicationImplementation
@@ -33,24 +35,51 @@ def _options_from_config(config):
     return _Options(**config)
 
 
+def replica_id() -> int:
+    """This replica's id, in a replica context (a Python int)."""
+    replica_context = tf.distribute.get_replica_context()
+    if replica_context is None:
+        raise ValueError(
+            "Gradients can be communicated only in a replica context. "
+            "Call `optimizer.apply` inside `strategy.run(...)` (as "
+            "`model.fit` does), not in cross-replica context."
+        )
+    value = tf.get_static_value(replica_context.replica_id_in_sync_group)
+    if value is None:
+        raise ValueError(
+            "tfgc needs the replica id while tracing, and this strategy "
+            f"({type(tf.distribute.get_strategy()).__name__}) does not "
+            "give it. Use MultiWorkerMirroredStrategy or MirroredStrategy."
+        )
+    return int(value)
+
+
 class Communicator:
     """Exchanges many tensors' payloads in as few collectives as possible.
 
-    Linear payloads (`ALL_REDUCE`) are summed; the others (`ALL_GATHER`)
-    are stacked by worker. The subclasses differ in the collective used for
-    linear payloads. With one replica nothing is communicated: the result
-    is what the one worker would receive.
+    Linear payloads (`ALL_REDUCE`) are summed; fixed-size ones
+    (`ALL_GATHER`) are stacked by worker; payloads whose size differs
+    between workers (`ALL_GATHER_RAGGED`) arrive as ragged rows. The
+    subclasses differ in the collective used for linear payloads and in
+    how workers are grouped. With one replica nothing is communicated: the
+    result is what the one worker would receive.
+
+    The optimizer drives a communicator through `build` (once, before any
+    collective, with the run's topology), `compressed_shape` and
+    `sends_dense` (per variable, to plan compressors and their state), and
+    `step` (per training step, in the replica context).
 
     Args:
-        options: `tf.distribute.experimental.CommunicationOptions` passed to
-            every collective (implementation, bytes_per_pack, timeout).
+        options: `tf.distribute.experimental.CommunicationOptions` for every
+            collective (implementation and timeout; tfgc fuses tensors
+            itself, so `bytes_per_pack` is not used).
     """
 
     name: str
     #: The collective that carries linear payloads.
     linear_via: str = ALL_REDUCE
     #: The payload kinds this communicator can carry.
-    supported: tuple[str, ...] = (ALL_REDUCE, ALL_GATHER)
+    supported: tuple[str, ...] = (ALL_REDUCE, ALL_GATHER, ALL_GATHER_RAGGED)
 
     def __init__(self, options: _Options | None = None):
         if options is not None and not isinstance(options, _OPTIONS_TYPE):
@@ -59,54 +88,107 @@ class Communicator:
                 f"CommunicationOptions. Received: options={options!r}"
             )
         self.options = options
+        self.topology: topology_lib.Topology | None = None
 
     def supports(self, collective: str) -> bool:
         return collective in self.supported
 
-    def exchange(self, payloads: Sequence, collectives: Sequence[str]) -> list:
-        """Returns, per payload, the sum (linear) or the stack (others)."""
-        replica_context = tf.distribute.get_replica_context()
-        if replica_context is None:
-            raise ValueError(
-                "Gradients can be communicated only in a replica context. "
-                "Call `optimizer.apply` inside `strategy.run(...)` (as "
-                "`model.fit` does), not in cross-replica context."
-            )
+    # --- planning (cross-replica, before any collective) -------------------
+
+    def build(self, topology: topology_lib.Topology) -> None:
+        """Checks that this communicator can run on `topology`; keeps it.
+
+        Raises:
+            ValueError: the topology does not fit (before any collective).
+        """
+        self.topology = topology
+
+    def compressed_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of the part of a gradient one worker compresses."""
+        return tuple(shape)
+
+    def sends_dense(self, shape: tuple[int, ...]) -> bool:
+        """True where this communicator sends a gradient uncompressed."""
+        del shape
+        return False
+
+    @property
+    def num_peers(self) -> int:
+        """How many workers exchange each compressed payload."""
+        return self._topology().num_replicas
+
+    def _topology(self) -> topology_lib.Topology:
+        return self.topology or topology_lib.current()
+
+    # --- communicating (replica context) ------------------------------------
+
+    def group(self) -> Group:
+        """All replicas, as seen by the calling one."""
+        topology = self._topology()
+        return Group(
+            topology, range(topology.num_replicas), replica_id(), self.options
+        )
+
+    def step(self, compressors, tensors, states, keys) -> exchange.StepResult:
+        """Compresses, exchanges and decompresses every tensor.
+
+        Returns:
+            `StepResult`: the sum over workers of each tensor, the
+            compressors' next states, and the bytes this worker sent.
+        """
+        group = self.group()
+        totals, new_states, sent, overhead = exchange.run_rounds(
+            compressors,
+            tensors,
+            states,
+            keys,
+            lambda payloads, kinds: self.carry(payloads, kinds, group),
+        )
+        traffic = exchange.Traffic(sent, overhead, exchange.zero_bytes())
+        return exchange.StepResult(totals, new_states, traffic)
+
+    def carry(
+        self,
+        payloads: Sequence,
+        collectives: Sequence[str],
+        group: Group | None = None,
+    ) -> tuple[list, tf.Tensor]:
+        """One round: per payload, the sum (linear), the stack (fixed-size
+        gathers) or ragged rows (unequal gathers), over `group` (default:
+        all replicas).
+
+        Returns:
+            (received, overhead): the payloads as received, and the int64
+            bytes sent beyond them.
+        """
         for c in collectives:
             if not self.supports(c):
                 raise ValueError(
                     f"Communicator {self.name!r} cannot carry a payload "
                     f"that needs {c!r}. Use communicator='auto'."
                 )
+        group = group or self.group()
         flat = [tf.nest.flatten(p) for p in payloads]
         routes = [
-            self.linear_via if c == ALL_REDUCE else ALL_GATHER
-            for c in collectives
+            self.linear_via if c == ALL_REDUCE else c for c in collectives
         ]
-        by_route = {ALL_REDUCE: [], ALL_GATHER: []}
+        slots: dict[str, list[tuple[int, int]]] = {}
         for i, route in enumerate(routes):
-            by_route[route].extend((i, j) for j in range(len(flat[i])))
+            slots.setdefault(route, []).extend(
+                (i, j) for j in range(len(flat[i]))
+            )
         received = [list(f) for f in flat]
-        single = replica_context.num_replicas_in_sync == 1
-        for route, slots in by_route.items():
-            if not slots:
-                continue
-            tensors = [flat[i][j] for i, j in slots]
-            if single:
-                results = (
-                    tensors
-                    if route == ALL_REDUCE
-                    else [t[None] for t in tensors]
-                )
-            elif route == ALL_REDUCE:
-                results = fusion.all_reduce_sum(
-                    tensors, replica_context, self.options
-                )
+        overhead = exchange.zero_bytes()
+        for route, members in slots.items():
+            tensors = [flat[i][j] for i, j in members]
+            if route == ALL_REDUCE:
+                results = fusion.all_reduce_sum(tensors, group)
+            elif route == ALL_GATHER:
+                results = fusion.all_gather(tensors, group)
             else:
-                results = fusion.all_gather(
-                    tensors, replica_context, self.options
-                )
-            for (i, j), r in zip(slots, results):
+                results, extra = fusion.all_gather_ragged(tensors, group)
+                overhead += extra
+            for (i, j), r in zip(members, results):
                 received[i][j] = r
         out = []
         for i, payload in enumerate(payloads):
@@ -114,17 +196,22 @@ class Communicator:
             if collectives[i] == ALL_REDUCE and routes[i] == ALL_GATHER:
                 fields = [tf.reduce_sum(f, axis=0) for f in fields]
             out.append(tf.nest.pack_sequence_as(payload, fields))
-        return out
+        return out, overhead
+
+    # --- configuration -------------------------------------------------------
 
     def get_config(self) -> dict:
         return {"options": _options_to_config(self.options)}
 
     @classmethod
     def from_config(cls, config):
-        return cls(options=_options_from_config(config.get("options")))
+        config = dict(config)
+        options = _options_from_config(config.pop("options", None))
+        return cls(options=options, **config)
 
     def __repr__(self):
-        return f"{type(self).__name__}(options={self.options!r})"
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
 
 
 class Auto(Communicator):

@@ -1,30 +1,34 @@
 """Fused collectives: many tensors, few collective ops.
 
-Every collective costs milliseconds of fixed latency (ENVIRONMENT.md
-measured 50 separate all-gathers at 25x the time of one fused all-gather of
-the same bytes), so tensors are flattened into one buffer per wire type.
+Every collective costs milliseconds of fixed latency (measured here: 50
+separate all-gathers took 25x the time of one fused all-gather of the same
+bytes), so tensors are flattened into one buffer per wire type.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from tfgc.communicators.collectives import Group
 
-def _as_words(flat: tf.Tensor) -> tf.Tensor:
+
+def _as_words(flat: tf.Tensor, wide: bool = True) -> tf.Tensor:
     """A 1-D tensor's bytes as int32 (or int64) words, for gathers.
 
     Gathers only move bytes, and their kernels take few dtypes (no
     bfloat16, no 8- or 16-bit integers), so every payload rides in 32-bit
     words: indices, float32 values, packed bits and 16-bit values share
-    one buffer. 8-byte types ride as int64.
+    one buffer. 8-byte types ride as int64, or as pairs of int32 words
+    with `wide=False`. The length may be unknown while tracing.
     """
     size = flat.dtype.size
     if size == 8:
-        return tf.bitcast(flat, tf.int64)
+        words = tf.bitcast(flat, tf.int64)
+        return words if wide else tf.reshape(tf.bitcast(words, tf.int32), [-1])
     if size == 4:
         return tf.bitcast(flat, tf.int32)
     per_word = 4 // size
-    padding = -flat.shape[0] % per_word
+    padding = -tf.shape(flat)[0] % per_word
     flat = tf.pad(flat, [[0, padding]])
     return tf.bitcast(tf.reshape(flat, [-1, per_word]), tf.int32)
 
@@ -36,6 +40,11 @@ def _from_words(words: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
         lead = words.shape[:-1].as_list()
         values = tf.reshape(values, lead + [-1])
     return values[..., : like.shape.num_elements()]
+
+
+def _num_words(count: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """int32 words that `count` elements of `dtype` take in a buffer."""
+    return (count * dtype.size + 3) // 4
 
 
 def _fuse(tensors, collective, encode, decode, lead):
@@ -65,22 +74,70 @@ def _fuse(tensors, collective, encode, decode, lead):
     return out
 
 
-def all_reduce_sum(tensors, replica_context, options=None):
-    """Sums each tensor over all replicas, one all-reduce per dtype."""
-
-    def reduce(buffer):
-        return replica_context.all_reduce(
-            tf.distribute.ReduceOp.SUM, buffer, options=options
-        )
-
-    return _fuse(tensors, reduce, lambda t: t, lambda t, _: t, lead=0)
+def all_reduce_sum(tensors, group: Group):
+    """Sums each tensor over the group, one all-reduce per dtype."""
+    return _fuse(tensors, group.all_reduce, lambda t: t, lambda t, _: t, 0)
 
 
-def all_gather(tensors, replica_context, options=None):
-    """Stacks each tensor from all replicas on a new leading axis."""
-    num = replica_context.num_replicas_in_sync
+def all_gather(tensors, group: Group):
+    """Stacks each tensor from every member on a new leading axis.
 
-    def gather(buffer):
-        return replica_context.all_gather(buffer, axis=0, options=options)
+    Every member's tensor must have the same (static) shape.
+    """
+    return _fuse(tensors, group.all_gather, _as_words, _from_words, group.size)
 
-    return _fuse(tensors, gather, _as_words, _from_words, lead=num)
+
+def _decode_words(words: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """Inverse of `_as_words(flat, wide=False)`, with any sub-word padding."""
+    if dtype.size == 8:
+        return tf.bitcast(tf.reshape(words, [-1, 2]), dtype)
+    return tf.reshape(tf.bitcast(words, dtype), [-1])
+
+
+def _ragged_rows(flat, starts, lengths):
+    """RaggedTensor whose row i is flat[starts[i] : starts[i] + lengths[i]]."""
+    positions = tf.ragged.range(starts, starts + lengths)
+    return tf.gather(flat, positions)
+
+
+def all_gather_ragged(tensors, group: Group):
+    """Gathers 1-D tensors whose lengths differ between members.
+
+    All tensors travel in one buffer per member: a header with the element
+    count of each tensor, then the tensors as 32-bit words. The buffers are
+    gathered by `Group.all_gather_unequal` (lengths first, then the buffers
+    padded to a common length).
+
+    Returns:
+        (gathered, overhead): per tensor a `tf.RaggedTensor` [size, None]
+        whose row i is member i's tensor, and the int64 bytes this member
+        sent beyond its tensors' own bytes (header, word alignment and
+        padding to the common length, and the lengths' collective).
+    """
+    flats = [tf.reshape(t, [-1]) for t in tensors]
+    counts = [tf.shape(f, out_type=tf.int32)[0] for f in flats]
+    header = tf.stack(counts)
+    words = [_as_words(f, wide=False) for f in flats]
+    buffer = tf.concat([header] + words, axis=0)
+    rows, _ = group.all_gather_unequal(buffer)
+    padded = tf.shape(rows, out_type=tf.int32)[1]
+    flat_rows = tf.reshape(rows, [-1])
+    row_starts = tf.range(group.size, dtype=tf.int32) * padded
+    headers = rows[:, : len(tensors)]  # [size, tensors] element counts
+    offset = row_starts + len(tensors)
+    gathered = []
+    for i, t in enumerate(flats):
+        member_counts = headers[:, i]
+        member_words = _num_words(member_counts, t.dtype)
+        word_rows = _ragged_rows(flat_rows, offset, member_words)
+        offset += member_words
+        values = _decode_words(word_rows.flat_values, t.dtype)
+        # Each member's tensor starts on a word boundary.
+        starts = tf.cumsum(member_words, exclusive=True) * 4 // t.dtype.size
+        gathered.append(_ragged_rows(values, starts, member_counts))
+    sent = sum(
+        tf.cast(c, tf.int64) * f.dtype.size for c, f in zip(counts, flats)
+    )
+    length_bytes = 4  # this member's length, in the first collective
+    overhead = 4 * tf.cast(padded, tf.int64) + length_bytes - sent
+    return gathered, overhead

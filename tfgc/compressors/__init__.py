@@ -10,14 +10,19 @@ import keras
 
 from tfgc.compressors.base import (
     ALL_GATHER,
+    ALL_GATHER_RAGGED,
     ALL_REDUCE,
     Compressor,
+    Network,
     check_density,
 )
+from tfgc.compressors.cost_model import CostModel
 from tfgc.compressors.error_feedback import ErrorFeedback
-from tfgc.compressors.identity import BF16, FP16, Identity
+from tfgc.compressors.identity import BF16, FP16, DenseWarmup, Identity
+from tfgc.compressors.mstopk import MSTopK
 from tfgc.compressors.powersgd import PowerSGD
 from tfgc.compressors.randomk import RandomK
+from tfgc.compressors.redsync import RedSync
 from tfgc.compressors.sign import SignSGD
 from tfgc.compressors.topk import TopK
 
@@ -27,6 +32,8 @@ _BY_NAME = {
     "fp16": FP16,
     "bf16": BF16,
     "topk": TopK,
+    "mstopk": MSTopK,
+    "redsync": RedSync,
     "randomk": RandomK,
     "signsgd": SignSGD,
     "sign": SignSGD,
@@ -68,14 +75,20 @@ def get(identifier, **kwargs) -> Compressor:
 
 __all__ = [
     "ALL_GATHER",
+    "ALL_GATHER_RAGGED",
     "ALL_REDUCE",
     "BF16",
     "Compressor",
+    "CostModel",
+    "DenseWarmup",
     "ErrorFeedback",
     "FP16",
     "Identity",
+    "MSTopK",
+    "Network",
     "PowerSGD",
     "RandomK",
+    "RedSync",
     "SignSGD",
     "TopK",
     "check_density",

@@ -6,11 +6,24 @@ from tfgc import ops
 from tfgc.ops import scatter
 
 
+def selection_seed(key: tf.Tensor) -> tf.Tensor:
+    """One int64 seed from a (2,) stateless key: key[0] ^ (key[1] << 32).
+
+    `tfgc.ops.top_k_sample` hashes it (SplitMix64), so nearby keys give
+    unrelated choices.
+    """
+    key = tf.cast(key, tf.int64)
+    return tf.bitwise.bitwise_xor(
+        key[0], tf.bitwise.left_shift(key[1], tf.constant(32, tf.int64))
+    )
+
+
 def scatter_sum(values, indices, n, dtype):
     """Dense vector of length n with `values` added at `indices`.
 
-    `values` and `indices` may carry a leading workers axis; entries that
-    several workers (or one worker twice) sent add up.
+    `values` and `indices` may carry a leading workers axis (ragged for
+    payloads of unequal size); entries that several workers (or one
+    worker twice) sent add up.
 
     float32, float16 and bfloat16 values with int32 indices go through
     `tfgc.ops.scatter_add_sum` (float32 accumulation, one rounding; the
@@ -22,6 +35,8 @@ def scatter_sum(values, indices, n, dtype):
     0.5x to 1.6x at 1 M, where eager dispatch is much of it). Other dtypes
     use `tf.math.unsorted_segment_sum`.
     """
+    if isinstance(values, tf.RaggedTensor):
+        values, indices = values.flat_values, indices.flat_values
     flat_values = tf.reshape(values, [-1])
     flat_indices = tf.reshape(indices, [-1])
     if (

@@ -18,7 +18,10 @@ collective. For one tensor per step the optimizer drives it through
   the same tensor and step, so random choices agree without a message.
 * `collective` says what `reduced` is: for `ALL_REDUCE` the element-wise sum
   of every worker's payload (the payload must be linear); for `ALL_GATHER`
-  every field stacked along a new leading axis of size `num_workers`.
+  every field stacked along a new leading axis of size `num_workers`; for
+  `ALL_GATHER_RAGGED` (1-D fields whose length is data-dependent and may
+  differ between workers) every field as a `tf.RaggedTensor` of shape
+  [num_workers, None], row i being worker i's field.
 * `decompress` returns the *sum* over workers of what they sent, in the
   original shape and dtype. (Keras divides the loss by the number of
   replicas, so the sum of gradients is their mean.)
@@ -40,6 +43,24 @@ Optional fused error feedback (single-round compressors only):
   for these inputs, e.g. without the compiled ops; `ErrorFeedback` then
   takes the generic path. The choice is made in Python while tracing, so
   it adds nothing to the graph.
+
+Planning, once per tensor when the optimizer is built (identical on every
+worker, so every worker makes the same choices):
+
+* `should_compress(shape, dtype, network)`: False sends the tensor with
+  `dense_compressor()` instead. `network` tells how many workers exchange
+  the payload and, if the compressor asked for it (`wants_cost_probe`), the
+  measured costs of the network and of selection.
+* `has_error_feedback`: the compressor keeps its own residual (RedSync's
+  accumulated gradient), so the optimizer does not wrap it in
+  `ErrorFeedback`.
+* `local_momentum`: momentum the compressor applies itself (RedSync's
+  momentum correction); the optimizer then refuses an inner optimizer that
+  would apply momentum again.
+* `warmup_steps`, `warmup_compressor()`: the first `warmup_steps` steps send
+  every compressed tensor dense, through `warmup_compressor()`, which takes
+  and returns this compressor's state (`DenseWarmup` unless the compressor
+  needs more).
 """
 
 from __future__ import annotations
@@ -53,11 +74,28 @@ import tensorflow as tf
 
 ALL_REDUCE = "all_reduce"
 ALL_GATHER = "all_gather"
-COLLECTIVES = (ALL_REDUCE, ALL_GATHER)
+ALL_GATHER_RAGGED = "all_gather_ragged"
+COLLECTIVES = (ALL_REDUCE, ALL_GATHER, ALL_GATHER_RAGGED)
 
 
 class NoState(NamedTuple):
     """State of a compressor that keeps none."""
+
+
+class Network(NamedTuple):
+    """What a compressor may know, when planning, of how its payloads travel.
+
+    Identical on every worker.
+
+    Attributes:
+        num_peers: how many workers exchange each payload (p).
+        cost: a `tfgc.compressors.CostModel` measured by the optimizer's
+            start-up probe when the compressor asked for one
+            (`wants_cost_probe`), else None.
+    """
+
+    num_peers: int = 1
+    cost: Any = None
 
 
 def num_elements(shape) -> int:
@@ -70,6 +108,20 @@ def payload_nbytes(payload) -> tf.Tensor:
     for field in payload:
         total += tf.size(field, out_type=tf.int64) * field.dtype.size
     return total
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> int:
+    """Validates an integer argument >= `minimum` and returns it."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value < minimum
+    ):
+        raise ValueError(
+            f"`{name}` must be an integer >= {minimum}. Received: "
+            f"{name}={value!r}"
+        )
+    return int(value)
 
 
 def check_density(density) -> float:
@@ -96,15 +148,41 @@ def num_selected(n: int, density: float) -> int:
 class Compressor:
     """Base class; subclasses implement the methods documented above."""
 
-    #: What the payload needs: `ALL_REDUCE` (linear) or `ALL_GATHER`.
+    #: What the payload needs: `ALL_REDUCE` (linear), `ALL_GATHER` or
+    #: `ALL_GATHER_RAGGED`.
     collective: str = ALL_GATHER
     #: Number of dependent communication rounds per step.
     rounds: int = 1
+    #: The compressor keeps its own residual (no `ErrorFeedback` wrapper).
+    has_error_feedback: bool = False
+    #: Momentum the compressor applies itself, per tensor.
+    local_momentum: float = 0.0
+    #: Steps at the start that send every compressed tensor dense.
+    warmup_steps: int = 0
+    #: The compressor wants the optimizer to measure `Network.cost`.
+    wants_cost_probe: bool = False
 
-    def should_compress(self, shape: tuple[int, ...]) -> bool:
+    def should_compress(
+        self,
+        shape: tuple[int, ...],
+        dtype="float32",
+        network: Network | None = None,
+    ) -> bool:
         """False where the compressor would rather send this tensor dense."""
-        del shape
+        del shape, dtype, network
         return True
+
+    def dense_compressor(self) -> Compressor:
+        """What sends the tensors this compressor declines (Identity)."""
+        from tfgc.compressors.identity import Identity
+
+        return Identity()
+
+    def warmup_compressor(self) -> Compressor:
+        """What stands in for this compressor in the warm-up steps."""
+        from tfgc.compressors.identity import DenseWarmup
+
+        return DenseWarmup(self)
 
     def init_state(self, shape, dtype, key) -> NamedTuple:
         """Initial state for a tensor; must be identical on every worker."""
@@ -137,7 +215,11 @@ class Compressor:
         return None
 
     def payload_bytes(self, shape, dtype) -> int:
-        """Bytes this worker puts on the wire per step, over all rounds."""
+        """Bytes this worker puts on the wire per step, over all rounds.
+
+        For payloads of data-dependent size, the most they carry when the
+        selection behaves as documented (RedSync's threshold: below 2k).
+        """
         raise NotImplementedError
 
     def get_config(self) -> dict:

@@ -40,11 +40,13 @@ class ErrorFeedback(base.Compressor):
     otherwise the steps above run one by one.
     """
 
+    has_error_feedback = True
+
     def __init__(self, compressor: base.Compressor):
-        if isinstance(compressor, ErrorFeedback):
+        if compressor.has_error_feedback:
             raise ValueError(
-                "`compressor` already has error feedback; wrap it once. "
-                f"Received: compressor={compressor!r}"
+                "`compressor` already has error feedback; do not wrap it "
+                f"again. Received: compressor={compressor!r}"
             )
         self.compressor = compressor
 
@@ -56,8 +58,20 @@ class ErrorFeedback(base.Compressor):
     def rounds(self):
         return self.compressor.rounds
 
-    def should_compress(self, shape):
-        return self.compressor.should_compress(shape)
+    @property
+    def local_momentum(self):
+        return self.compressor.local_momentum
+
+    @property
+    def warmup_steps(self):
+        return self.compressor.warmup_steps
+
+    @property
+    def wants_cost_probe(self):
+        return self.compressor.wants_cost_probe
+
+    def should_compress(self, shape, dtype="float32", network=None):
+        return self.compressor.should_compress(shape, dtype, network)
 
     def init_state(self, shape, dtype, key):
         return ErrorFeedbackState(

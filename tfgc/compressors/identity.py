@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import keras
 import tensorflow as tf
 
 from tfgc.compressors import base
@@ -35,6 +36,34 @@ class Identity(base.Compressor):
 
     def payload_bytes(self, shape, dtype):
         return base.num_elements(shape) * tf.as_dtype(dtype).size
+
+
+@base.register
+class DenseWarmup(Identity):
+    """Sends a tensor dense on behalf of a compressor, keeping its state.
+
+    The warm-up steps of a compressor with `warmup_steps` use it: the
+    tensor is summed exactly (all-reduce) and the wrapped compressor's
+    state (residual, factors) passes through unchanged.
+
+    Args:
+        compressor: the compressor whose state is kept.
+    """
+
+    def __init__(self, compressor: base.Compressor):
+        self.compressor = compressor
+
+    def init_state(self, shape, dtype, key):
+        return self.compressor.init_state(shape, dtype, key)
+
+    def get_config(self):
+        return {
+            "compressor": keras.saving.serialize_keras_object(self.compressor)
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.saving.deserialize_keras_object(config["compressor"]))
 
 
 class _Cast(base.Compressor):

@@ -58,17 +58,14 @@ class PowerSGD(base.Compressor):
     rounds = 2
 
     def __init__(self, rank: int = 4):
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(
-                f"`rank` must be an integer >= 1. Received: rank={rank!r}"
-            )
-        self.rank = rank
+        self.rank = base.check_positive_int("rank", rank)
 
     def _rank(self, shape):
         rows, cols = _matrix_shape(shape)
         return min(self.rank, rows, cols)
 
-    def should_compress(self, shape):
+    def should_compress(self, shape, dtype="float32", network=None):
+        del dtype, network
         if len(shape) < 2:
             return False
         rows, cols = _matrix_shape(shape)

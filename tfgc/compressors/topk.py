@@ -34,10 +34,16 @@ class TopK(base.DensityCompressor):
     """
 
     collective = base.ALL_GATHER
+    #: Whether `compress_with_residual` pays off without the compiled ops.
+    _fused_without_custom_ops = False
+
+    def select(self, x, k, key, residual=None):
+        """(values, indices[, new residual]) of the k entries to send."""
+        del key
+        return ops.top_k_abs(x, k, residual=residual)
 
     def compress(self, x, state, key):
-        del key
-        values, indices = ops.top_k_abs(x, self.num_selected(x.shape))
+        values, indices = self.select(x, self.num_selected(x.shape), key)
         payload = SparsePayload(values, indices)
         return payload, (x.shape, x.dtype, state)
 
@@ -45,11 +51,10 @@ class TopK(base.DensityCompressor):
         # The compiled op reads x and the residual once and zeroes what it
         # selects, where the generic path adds, selects, scatters and
         # subtracts. Without it nothing is gained: take the generic path.
-        if not ops.using_custom_ops():
+        if not (self._fused_without_custom_ops or ops.using_custom_ops()):
             return None
-        del key
-        values, indices, new_residual = ops.top_k_abs(
-            x, self.num_selected(x.shape), residual=residual
+        values, indices, new_residual = self.select(
+            x, self.num_selected(x.shape), key, residual=residual
         )
         payload = SparsePayload(values, indices)
         return payload, (x.shape, x.dtype, state), new_residual

@@ -10,7 +10,9 @@ import tensorflow as tf
 
 from tfgc import _keras_compat, communicators
 from tfgc import compressors as compressors_lib
-from tfgc.compressors.base import Compressor, num_elements
+from tfgc.communicators import probe
+from tfgc.communicators import topology as topology_lib
+from tfgc.compressors.base import Compressor, Network, num_elements
 
 _BASE_ARGS = (
     "learning_rate",
@@ -31,6 +33,7 @@ class _Plan(NamedTuple):
     """How one trainable variable's gradient travels."""
 
     compressor: Compressor
+    warmup: Compressor  # stands in during warm-up steps; same state
     state_structure: object  # the compressor's state NamedTuple, as a template
     state_variables: list  # its leaves, one optimizer variable each
     seed: int
@@ -62,6 +65,11 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
     Clipping and weight decay configured on the inner optimizer act on the
     communicated (summed) gradient.
 
+    A compressor that applies momentum itself (`RedSync(momentum=0.9)`)
+    needs an inner optimizer that applies the summed update as it is:
+    `keras.optimizers.SGD(learning_rate)` without momentum; anything else is
+    refused, so momentum is never applied twice.
+
     Args:
         inner_optimizer: the `keras.optimizers.Optimizer` to wrap.
         compressor: a `tfgc.compressors.Compressor`, a name ("topk") or a
@@ -69,7 +77,8 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         error_feedback: keep what was not sent and add it to the next step's
             gradient (a per-worker residual per compressed variable).
         communicator: "auto" (all-reduce for linear payloads, all-gather for
-            the rest), "allreduce", "allgather", or a
+            the rest), "allreduce", "allgather", "hierarchical" (HiTopKComm:
+            compress only between hosts), or a
             `tfgc.communicators.Communicator`.
         communication_options: `tf.distribute.experimental.
             CommunicationOptions` for every collective, with a communicator
@@ -149,25 +158,68 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 f"{type(self.compressor).__name__} sends a payload that "
                 f"needs {self.compressor.collective!r}, which communicator "
                 f"{self.communicator.name!r} cannot carry. Use "
-                "communicator='auto' or 'allgather'."
+                "communicator='auto' or 'allgather'"
+                + (
+                    ", or an exact-k selection (e.g. RedSync(selection="
+                    "'trimmed'))."
+                    if self.compressor.collective
+                    == compressors_lib.ALL_GATHER_RAGGED
+                    else "."
+                )
             )
+        if self.compressor.has_error_feedback and not self.error_feedback:
+            raise ValueError(
+                f"{type(self.compressor).__name__} keeps its own residual "
+                "(error feedback is part of the algorithm); "
+                "error_feedback=False cannot turn it off. Drop the argument "
+                "or use another compressor."
+            )
+        _check_momentum_applied_once(self.compressor, inner_optimizer)
         # Last, so that a refused configuration leaves the user's optimizer
         # as it was.
         _keras_compat.disable_gradient_sum(inner_optimizer)
 
     # --- building ----------------------------------------------------------
 
-    def _compressor_for(self, variable) -> Compressor:
-        shape = tuple(variable.shape)
-        if num_elements(shape) < self.min_compress_size or not (
-            self.compressor.should_compress(shape)
+    def _compressor_for(
+        self, shape, part, dtype, network
+    ) -> tuple[Compressor, Compressor]:
+        """(compressor, warm-up compressor) for one variable's gradient."""
+        compressor = self.compressor
+        if (
+            num_elements(shape) < self.min_compress_size
+            or self.communicator.sends_dense(shape)
+            or not compressor.should_compress(part, dtype, network)
         ):
-            return compressors_lib.Identity()
-        if self.error_feedback and not isinstance(
-            self.compressor, compressors_lib.Identity
+            dense = compressor.dense_compressor()
+            return dense, dense
+        if (
+            self.error_feedback
+            and not compressor.has_error_feedback
+            and not isinstance(compressor, compressors_lib.Identity)
         ):
-            return compressors_lib.ErrorFeedback(self.compressor)
-        return self.compressor
+            compressor = compressors_lib.ErrorFeedback(compressor)
+        return compressor, compressor.warmup_compressor()
+
+    def _network(self) -> Network:
+        """What compressors may know of the network; probed if asked."""
+        peers = self.communicator.num_peers
+        if not self.compressor.wants_cost_probe or peers < 2:
+            return Network(peers, None)
+        if (
+            not tf.executing_eagerly()
+            or not tf.distribute.in_cross_replica_context()
+        ):
+            raise ValueError(
+                f"{type(self.compressor).__name__}(cost_model='probe') "
+                "measures the network when the optimizer is built, which "
+                "must happen outside tf.function: call "
+                "`optimizer.build(model.trainable_variables)` inside "
+                "`strategy.scope()` before training (model.fit does), or "
+                "give the costs: cost_model=tfgc.compressors.CostModel("
+                "latency=..., bandwidth=...)."
+            )
+        return Network(peers, probe.measure(options=self.communicator.options))
 
     def _key(self, seed: int, step) -> tf.Tensor:
         return tf.stack([tf.constant(seed, tf.int64), tf.cast(step, tf.int64)])
@@ -175,14 +227,20 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
     @_keras_compat.no_automatic_dependency_tracking
     def build(self, var_list):
         self.inner_optimizer.build(var_list)
+        # Checked before anything is created or communicated.
+        self.communicator.build(topology_lib.current())
+        network = self._network()
+        self._network_cost = network.cost
         self._plans = []
         for index, variable in enumerate(var_list):
-            compressor = self._compressor_for(variable)
+            shape = tuple(variable.shape)
+            part = self.communicator.compressed_shape(shape)
+            compressor, warmup = self._compressor_for(
+                shape, part, variable.dtype, network
+            )
             seed = self.seed * 1_000_003 + index
             initial = compressor.init_state(
-                tuple(variable.shape),
-                variable.dtype,
-                self._key(seed, _INIT_STEP),
+                part, variable.dtype, self._key(seed, _INIT_STEP)
             )
             leaves = tf.nest.flatten(initial)
             path = variable.path.replace("/", "_")
@@ -199,10 +257,15 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 for leaf, name in zip(leaves, _state_names(initial))
             ]
             self._plans.append(
-                _Plan(compressor, initial, state_variables, seed)
+                _Plan(compressor, warmup, initial, state_variables, seed)
             )
-        self._sent_bytes = self.add_variable(
-            shape=(), dtype="int64", aggregation="none", name="sent_bytes"
+        self._traffic = communicators.Traffic(
+            *(
+                self.add_variable(
+                    shape=(), dtype="int64", aggregation="none", name=name
+                )
+                for name in ("sent_bytes", "overhead_bytes", "intra_host_bytes")
+            )
         )
         self._dense_bytes = sum(
             num_elements(tuple(v.shape)) * tf.as_dtype(v.dtype).size
@@ -271,19 +334,30 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             )
             for plan in plans
         ]
-        totals, new_states, sent = communicators.exchange(
-            [plan.compressor for plan in plans],
-            [grads[i] for i in present],
-            states,
-            [self._key(plan.seed, step) for plan in plans],
-            self.communicator,
-        )
+        tensors = [grads[i] for i in present]
+        keys = [self._key(plan.seed, step) for plan in plans]
+
+        def run(compressors):
+            return self.communicator.step(compressors, tensors, states, keys)
+
+        warmup_steps = self.compressor.warmup_steps
+        if warmup_steps:
+            # Every worker takes the same branch: the step is the same.
+            result = tf.cond(
+                tf.cast(step, tf.int64) < warmup_steps,
+                lambda: run([plan.warmup for plan in plans]),
+                lambda: run([plan.compressor for plan in plans]),
+            )
+        else:
+            result = run([plan.compressor for plan in plans])
+        totals, new_states, traffic = result
         for plan, state in zip(plans, new_states):
             for variable, value in zip(
                 plan.state_variables, tf.nest.flatten(state)
             ):
                 variable.assign(value)
-        self._sent_bytes.assign(sent)
+        for variable, value in zip(self._traffic, traffic):
+            variable.assign(value)
         summed = list(grads)
         for i, total in zip(present, totals):
             summed[i] = total
@@ -294,18 +368,31 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
     def compression_stats(self) -> dict[str, float]:
         """Bytes this worker sent in the last step, against dense.
 
-        `sent_bytes` is measured from the payloads; `dense_bytes` is what an
-        uncompressed all-reduce carries (both before the collective's own
-        ring factor). Call outside `tf.function`.
+        `sent_bytes` is measured from the payloads; `overhead_bytes` is
+        what went on the wire beyond them (headers and padding of gathers
+        whose payloads differ in size between workers);
+        `intra_host_bytes` stayed inside the host (hierarchical
+        communicator); `dense_bytes` is what an uncompressed all-reduce
+        carries; `compression_ratio` is dense / (sent + overhead). All
+        are before the collective's own transport factor. Call outside
+        `tf.function`.
         """
         if not self.built:
             return {}
-        sent = int(self._sent_bytes.numpy())
+        traffic = [int(v.numpy()) for v in self._traffic]
+        sent, overhead, intra_host = traffic
         return {
             "sent_bytes": float(sent),
+            "overhead_bytes": float(overhead),
+            "intra_host_bytes": float(intra_host),
             "dense_bytes": float(self._dense_bytes),
-            "compression_ratio": self._dense_bytes / max(sent, 1),
+            "compression_ratio": self._dense_bytes / max(sent + overhead, 1),
         }
+
+    @property
+    def network_cost(self):
+        """The `CostModel` measured at build (or None if none was)."""
+        return getattr(self, "_network_cost", None)
 
     # --- delegation and serialization --------------------------------------
 
@@ -347,6 +434,33 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             config.pop("compressor"), custom_objects=custom_objects
         )
         return cls(inner, compressor=compressor, **config)
+
+
+def _check_momentum_applied_once(compressor, inner_optimizer) -> None:
+    momentum = compressor.local_momentum
+    if not momentum:
+        return
+    plain_sgd = (
+        type(inner_optimizer) is keras.optimizers.SGD
+        and not inner_optimizer.momentum
+        and not inner_optimizer.nesterov
+    )
+    if plain_sgd:
+        return
+    name = type(compressor).__name__
+    raise ValueError(
+        f"{name} applies momentum {momentum} itself (momentum correction), "
+        "so the inner optimizer must apply the summed update as it is: use "
+        f"keras.optimizers.SGD(learning_rate) with {name}(momentum="
+        f"{momentum}), or {name}(momentum=0) to keep "
+        f"{type(inner_optimizer).__name__}. Received inner_optimizer="
+        f"{type(inner_optimizer).__name__}"
+        + (
+            f"(momentum={inner_optimizer.momentum})"
+            if hasattr(inner_optimizer, "momentum")
+            else ""
+        )
+    )
 
 
 def _check_gradient(grad, variable):

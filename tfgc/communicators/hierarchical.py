@@ -1,0 +1,256 @@
+"""HiTopKComm: compress only what crosses the slow network between hosts."""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from tfgc.communicators import exchange, fusion
+from tfgc.communicators.collectives import Group
+from tfgc.communicators.communicator import Communicator, replica_id
+from tfgc.communicators.topology import Topology
+from tfgc.compressors.base import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    check_positive_int,
+    num_elements,
+)
+
+
+def _shard_rows(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, cols) of the view that is split by rows among a host."""
+    if len(shape) < 2:
+        return num_elements(shape), 1
+    cols = int(shape[-1])
+    return num_elements(shape) // max(cols, 1), cols
+
+
+class Hierarchical(Communicator):
+    """Two-level exchange for m hosts of g workers each (HiTopKComm).
+
+    Shi et al., "Towards Scalable Distributed Training of Deep Learning on
+    Public Cloud Clusters" (MLSys 2021); docs/algorithms.md, section
+    "HiTopKComm", says what is reconstructed. For every gradient of at
+    least `dense_threshold` elements:
+
+    1. Inside each host the workers sum the gradient and worker l keeps
+       shard l: rows l*R .. (l+1)*R - 1 of the (prod(shape[:-1]),
+       shape[-1]) view, R = ceil(rows / g), zero-padded (1-D tensors are
+       split into g pieces). TensorFlow has no reduce-scatter on CPU, so
+       this is an all-reduce inside the host followed by a slice: twice a
+       reduce-scatter's bytes, none of them on the network between hosts.
+    2. The compressor (with error feedback, if asked) compresses the shard;
+       with `MSTopK(density)` that is k = density * n / g per worker.
+    3. Workers with the same local rank on every host exchange the
+       compressed shards: the only traffic between hosts.
+    4. Inside each host the workers all-gather their decompressed shards.
+
+    Smaller gradients go through one dense all-reduce among all workers,
+    uncompressed. With one worker per host the scheme is the flat exchange
+    of the compressor; with one host nothing crosses a slow network, so
+    every gradient is summed exactly (dense) and nothing is compressed.
+
+    Hosts come from the cluster spec (workers whose `TF_CONFIG` addresses
+    share a host name share a host; every host must have as many workers),
+    or from `workers_per_host` (then workers g*h .. g*h + g - 1 form host
+    h, which must agree with the cluster spec's host names when it has
+    them). With several GPUs per worker task, each GPU counts as a worker.
+
+    Payloads whose size differs between workers (RedSync's threshold
+    selection) are not supported: use an exact-k selection.
+
+    Args:
+        workers_per_host: g; None reads it from the cluster spec.
+        dense_threshold: gradients with fewer elements go dense, in one
+            all-reduce among all workers (16384 in the paper's systems).
+        options: `tf.distribute.experimental.CommunicationOptions` for
+            every collective.
+    """
+
+    name = "hierarchical"
+    supported = (ALL_REDUCE, ALL_GATHER)
+
+    def __init__(
+        self,
+        workers_per_host: int | None = None,
+        dense_threshold: int = 16384,
+        options=None,
+    ):
+        super().__init__(options=options)
+        self.workers_per_host = (
+            None
+            if workers_per_host is None
+            else check_positive_int("workers_per_host", workers_per_host)
+        )
+        self.dense_threshold = check_positive_int(
+            "dense_threshold", dense_threshold, minimum=0
+        )
+        self._hosts: tuple[int, ...] | None = None
+
+    # --- planning ------------------------------------------------------------
+
+    def build(self, topology: Topology) -> None:
+        self._hosts = self._host_of_each_replica(topology)
+        self.topology = topology
+
+    def _host_of_each_replica(self, topology: Topology) -> tuple[int, ...]:
+        p = topology.num_replicas
+        if p < 2:
+            raise ValueError(
+                "communicator='hierarchical' needs at least 2 workers; this "
+                f"run has {p}. Use communicator='auto' for one worker, or "
+                "start more workers (python -m tfgc.launch -n 4 ...)."
+            )
+        g = self.workers_per_host
+        if g is None:
+            hosts = topology.hosts
+            sizes = sorted({h: hosts.count(h) for h in set(hosts)}.items())
+            if len({n for _, n in sizes}) != 1:
+                raise ValueError(
+                    "communicator='hierarchical' needs the same number of "
+                    "workers on every host; the cluster spec has "
+                    + ", ".join(f"host {h}: {n}" for h, n in sizes)
+                    + ". Give every host as many workers, or pass "
+                    "workers_per_host=g to group the workers yourself."
+                )
+            return hosts
+        if p % g:
+            raise ValueError(
+                f"`workers_per_host` must divide the number of workers ({p})."
+                f" Received: workers_per_host={g}. Use a divisor of {p}."
+            )
+        hosts = tuple(r // g for r in range(p))
+        if topology.from_cluster_spec and hosts != topology.hosts:
+            raise ValueError(
+                f"workers_per_host={g} disagrees with the cluster spec, whose "
+                f"host names put the {p} workers on hosts {topology.hosts}. "
+                "Drop workers_per_host to use the cluster spec, or list the "
+                "workers of each host consecutively in TF_CONFIG."
+            )
+        return hosts
+
+    def _require_built(self) -> tuple[int, ...]:
+        if self._hosts is None:
+            raise ValueError(
+                "The hierarchical communicator is not built: build the "
+                "optimizer inside strategy.scope() first "
+                "(optimizer.build(model.trainable_variables); model.fit "
+                "does this itself)."
+            )
+        return self._hosts
+
+    @property
+    def num_hosts(self) -> int:
+        return len(set(self._require_built()))
+
+    @property
+    def per_host(self) -> int:
+        return len(self._require_built()) // self.num_hosts
+
+    @property
+    def num_peers(self) -> int:
+        return self.num_hosts
+
+    def sends_dense(self, shape):
+        return num_elements(shape) < self.dense_threshold or self.num_hosts == 1
+
+    def compressed_shape(self, shape):
+        shape = tuple(shape)
+        if self.sends_dense(shape):
+            return shape
+        rows, cols = _shard_rows(shape)
+        shard_rows = math.ceil(rows / self.per_host)
+        return (shard_rows, cols) if len(shape) >= 2 else (shard_rows,)
+
+    # --- communicating -------------------------------------------------------
+
+    def _groups(self) -> tuple[Group, Group, Group]:
+        """(everyone, this host, this local rank on every host)."""
+        hosts = self._require_built()
+        me = replica_id()
+        host = hosts[me]
+        local = hosts[:me].count(host)
+        same_host = [r for r, h in enumerate(hosts) if h == host]
+        same_rank = [
+            r for r, h in enumerate(hosts) if hosts[:r].count(h) == local
+        ]
+        topology = self.topology
+        return (
+            Group(topology, range(len(hosts)), me, self.options),
+            Group(topology, same_host, me, self.options),
+            Group(topology, same_rank, me, self.options),
+        )
+
+    def step(self, compressors, tensors, states, keys):
+        everyone, host, peers = self._groups()
+        n = len(tensors)
+        totals, new_states = [None] * n, [None] * n
+        sent = overhead = intra = exchange.zero_bytes()
+        routes = {True: [], False: []}
+        for i, t in enumerate(tensors):
+            routes[self.sends_dense(tuple(t.shape))].append(i)
+
+        def run(indices, inputs, group):
+            def carry(payloads, kinds):
+                return self.carry(payloads, kinds, group)
+
+            return exchange.run_rounds(
+                [compressors[i] for i in indices],
+                inputs,
+                [states[i] for i in indices],
+                [keys[i] for i in indices],
+                carry,
+            )
+
+        dense = routes[True]
+        if dense:
+            out, out_states, s, o = run(
+                dense, [tensors[i] for i in dense], everyone
+            )
+            sent, overhead = sent + s, overhead + o
+            for i, total, state in zip(dense, out, out_states):
+                totals[i], new_states[i] = total, state
+
+        sharded = routes[False]
+        if sharded:
+            g = host.size
+            blocks = []  # [g, shard size] per tensor
+            for i in sharded:
+                shard_size = num_elements(
+                    self.compressed_shape(tensors[i].shape)
+                )
+                flat = tf.reshape(tensors[i], [-1])
+                flat = tf.pad(flat, [[0, g * shard_size - flat.shape[0]]])
+                blocks.append(tf.reshape(flat, [g, shard_size]))
+            host_sums = fusion.all_reduce_sum(blocks, host)
+            shards = [
+                tf.reshape(
+                    s[host.rank], self.compressed_shape(tensors[i].shape)
+                )
+                for i, s in zip(sharded, host_sums)
+            ]
+            out, out_states, s, o = run(sharded, shards, peers)
+            sent, overhead = sent + s, overhead + o
+            gathered = fusion.all_gather(
+                [tf.reshape(t, [-1]) for t in out], host
+            )
+            for i, whole, state, block in zip(
+                sharded, gathered, out_states, blocks
+            ):
+                n_i = num_elements(tensors[i].shape)
+                flat = tf.reshape(whole, [-1])[:n_i]
+                totals[i] = tf.reshape(flat, tensors[i].shape)
+                new_states[i] = state
+                # The block into the host's all-reduce, then one shard out.
+                itemsize = block.dtype.size
+                intra += (g + 1) * (block.shape[1] * itemsize)
+        traffic = exchange.Traffic(sent, overhead, tf.cast(intra, tf.int64))
+        return exchange.StepResult(totals, new_states, traffic)
+
+    def get_config(self):
+        return {
+            "workers_per_host": self.workers_per_host,
+            "dense_threshold": self.dense_threshold,
+            **super().get_config(),
+        }

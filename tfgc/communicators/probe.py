@@ -1,0 +1,147 @@
+"""A short start-up probe of the real collectives and of selection speed.
+
+`measure()` times dense all-reduces of two sizes among all replicas and
+fits RedSync's alpha-beta model to them (time = 2(p-1) alpha + 2 (p-1)/p M
+beta), times threshold selection and decompression of a heavy-tailed
+tensor on this worker, and then averages every number over the workers
+with an all-reduce. Decisions made from the result are therefore the same
+on every worker, which they must be: a tensor sent dense by one worker and
+sparse by another would hang the collectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tfgc import ops
+from tfgc.communicators import topology as topology_lib
+from tfgc.communicators.collectives import Group
+from tfgc.communicators.communicator import replica_id
+from tfgc.compressors.cost_model import CostModel
+
+#: Bytes of the two all-reduces the line is fitted to.
+SIZES = (16 * 1024, 4 * 1024 * 1024)
+#: Elements of the tensor selection and decompression are timed on.
+COMPUTE_ELEMENTS = 1 << 21
+_DENSITY = 0.001
+_FIELDS = ("latency", "bandwidth", "select_time", "scatter_time")
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # trace and warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _all_reduce_fn(strategy, num_floats: int, options):
+    topology = topology_lib.current(strategy)
+
+    @tf.function
+    def run():
+        def replica_fn():
+            group = Group(
+                topology, range(topology.num_replicas), replica_id(), options
+            )
+            return group.all_reduce(tf.ones([num_floats], tf.float32))
+
+        result = strategy.run(replica_fn)
+        return strategy.experimental_local_results(result)[0][0]
+
+    return lambda: run().numpy()
+
+
+def _heavy_tailed(n: int) -> tf.Tensor:
+    rng = np.random.default_rng(0)
+    return tf.constant(rng.standard_t(2, size=n).astype(np.float32))
+
+
+def measure_local(
+    strategy: tf.distribute.Strategy | None = None,
+    repeats: int = 5,
+    options=None,
+) -> CostModel:
+    """This worker's own measurements (they differ between workers).
+
+    Call in a cross-replica context, outside `tf.function`, on every worker
+    at the same time (the all-reduces are collective).
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    p = strategy.num_replicas_in_sync
+    latency, bandwidth = 0.0, float("inf")
+    if p > 1:
+        small, large = (
+            _median_seconds(
+                _all_reduce_fn(strategy, size // 4, options), repeats
+            )
+            for size in SIZES
+        )
+        slope = max((large - small) / (SIZES[1] - SIZES[0]), 1e-15)
+        fixed = max(small - slope * SIZES[0], 0.0)
+        latency = fixed / (2 * (p - 1))
+        bandwidth = 2 * (p - 1) / (p * slope)
+    x = _heavy_tailed(COMPUTE_ELEMENTS)
+    k = max(1, int(_DENSITY * COMPUTE_ELEMENTS))
+    select = tf.function(lambda: ops.top_k_sample(x, k, mode="threshold")[1])
+    indices = select()
+    values = tf.gather(x, indices)
+    scatter = tf.function(
+        lambda: ops.scatter_add_sum(values, indices, COMPUTE_ELEMENTS)
+    )
+    select_time = _median_seconds(lambda: select().numpy(), repeats)
+    scatter_time = _median_seconds(lambda: scatter().numpy(), repeats)
+    return CostModel(
+        latency=latency,
+        bandwidth=bandwidth if np.isfinite(bandwidth) else 1e30,
+        select_time=select_time / COMPUTE_ELEMENTS,
+        scatter_time=scatter_time / COMPUTE_ELEMENTS,
+    )
+
+
+def agree(
+    local: CostModel,
+    strategy: tf.distribute.Strategy | None = None,
+    options=None,
+) -> CostModel:
+    """The mean over all replicas of every field of `local`.
+
+    Every worker gets the same result (one all-reduce in float64).
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    p = strategy.num_replicas_in_sync
+    if p == 1:
+        return local
+    topology = topology_lib.current(strategy)
+    mine = tf.constant([getattr(local, f) for f in _FIELDS], dtype=tf.float64)
+
+    @tf.function
+    def run():
+        def replica_fn():
+            group = Group(
+                topology, range(topology.num_replicas), replica_id(), options
+            )
+            return group.all_reduce(tf.identity(mine))
+
+        result = strategy.run(replica_fn)
+        return strategy.experimental_local_results(result)[0]
+
+    means = run().numpy() / p
+    return dataclasses.replace(
+        local, **{f: float(v) for f, v in zip(_FIELDS, means)}
+    )
+
+
+def measure(
+    strategy: tf.distribute.Strategy | None = None,
+    repeats: int = 5,
+    options=None,
+) -> CostModel:
+    """`agree(measure_local())`: the same `CostModel` on every worker."""
+    return agree(measure_local(strategy, repeats, options), strategy, options)
