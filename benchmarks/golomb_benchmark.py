@@ -5,7 +5,7 @@ For each N and density q: `tfgc.ops.golomb_encode` / `golomb_decode`
 random sorted positions, as throughput in positions per second and in
 elements of the dense tensor (N) per second, and the measured bits per
 position against the formula b* + 1 / (1 - (1 - q)^(2^b*)) of
-ALGORITHMS.md section 2 (goal: within 0.1 bit). Writes
+docs/algorithms.md (goal: within 0.1 bit). Writes
 `benchmarks/results/golomb_cpu.md` and `.json`.
 
     python benchmarks/golomb_benchmark.py                  # 1M, 25M

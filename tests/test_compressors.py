@@ -6,7 +6,11 @@ import pytest
 import tensorflow as tf
 
 from tfgc import compressors, ops
-from tfgc.compressors.base import ALL_GATHER, payload_nbytes
+from tfgc.compressors.base import (
+    ALL_GATHER,
+    ALL_GATHER_RAGGED,
+    payload_nbytes,
+)
 
 ALL = {
     "identity": compressors.Identity(),
@@ -17,7 +21,14 @@ ALL = {
     "signsgd": compressors.SignSGD(),
     "signsgd_unscaled": compressors.SignSGD(scaled=False),
     "powersgd": compressors.PowerSGD(rank=2),
+    "mstopk": compressors.MSTopK(density=0.1),
+    "redsync": compressors.RedSync(density=0.1, cost_model=None),
+    "redsync_trimmed": compressors.RedSync(
+        density=0.1, selection="trimmed", cost_model=None
+    ),
 }
+# Compressors that keep their own residual: no ErrorFeedback around them.
+OWN_RESIDUAL = {"redsync", "redsync_trimmed"}
 SHAPES = [(37,), (64, 33), (8, 3, 3, 4)]
 DTYPES = [tf.float32, tf.float16, tf.bfloat16]
 
@@ -40,6 +51,10 @@ def local_step(compressor, x, state, key):
 def _as_received(compressor, payload):
     if compressor.collective == ALL_GATHER:
         return tf.nest.map_structure(lambda t: t[None], payload)
+    if compressor.collective == ALL_GATHER_RAGGED:
+        return tf.nest.map_structure(
+            lambda t: tf.RaggedTensor.from_tensor(t[None]), payload
+        )
     return payload
 
 
@@ -73,7 +88,15 @@ def test_round_trip_shape_dtype_and_bytes(name, shape, dtype):
         tf.nest.map_structure(lambda t: t.shape, state)
     )
     measured = sum(int(payload_nbytes(p)) for p in payloads)
-    assert measured == compressor.payload_bytes(shape, dtype)
+    if compressor.collective == ALL_GATHER_RAGGED:
+        # Threshold selection: k < count < 2k, payload_bytes the bound.
+        per_entry = tf.as_dtype(dtype).size + 4
+        k = compressor.num_selected(shape)
+        assert (
+            k * per_entry <= measured <= compressor.payload_bytes(shape, dtype)
+        )
+    else:
+        assert measured == compressor.payload_bytes(shape, dtype)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -87,7 +110,7 @@ def test_config_round_trip(name):
     assert compressors.get(compressor) is compressor
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", sorted(set(ALL) - OWN_RESIDUAL))
 def test_error_feedback_conserves_mass(name):
     """sum(sent) + residual == sum(inputs), step after step."""
     compressor = compressors.ErrorFeedback(ALL[name])
@@ -103,6 +126,12 @@ def test_error_feedback_conserves_mass(name):
     np.testing.assert_allclose(
         (sent_sum + state.residual).numpy(), input_sum.numpy(), atol=1e-4
     )
+
+
+@pytest.mark.parametrize("name", sorted(OWN_RESIDUAL))
+def test_own_residual_compressors_refuse_error_feedback(name):
+    with pytest.raises(ValueError, match="already has error feedback"):
+        compressors.ErrorFeedback(ALL[name])
 
 
 def test_error_feedback_residual_is_what_was_not_sent():
@@ -206,7 +235,15 @@ def test_powersgd_sends_vectors_dense_and_compresses_conv_kernels():
 
 
 @pytest.mark.parametrize("density", [0, -0.1, 1.5, float("nan"), "a", None])
-@pytest.mark.parametrize("cls", [compressors.TopK, compressors.RandomK])
+@pytest.mark.parametrize(
+    "cls",
+    [
+        compressors.TopK,
+        compressors.RandomK,
+        compressors.MSTopK,
+        compressors.RedSync,
+    ],
+)
 def test_bad_density_names_argument_and_value(cls, density):
     with pytest.raises(ValueError, match=r"`density` must be .* Received"):
         cls(density=density)

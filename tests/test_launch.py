@@ -96,6 +96,32 @@ def test_helpers():
         launch.tf_config(2, [1, 2], 2)
 
 
+def test_hosts_split_workers_over_loopback_addresses():
+    assert launch.host_names(4) == ["localhost"] * 4
+    assert launch.host_names(4, 2) == [
+        "127.0.0.1",
+        "127.0.0.1",
+        "127.0.0.2",
+        "127.0.0.2",
+    ]
+    for bad in (3, 0, 255):
+        with pytest.raises(ValueError, match=f"hosts={bad} must be"):
+            launch.host_names(4 if bad != 255 else 510, bad)
+    code, text = _run(
+        """
+        import json, os
+        print(json.dumps(json.loads(os.environ["TF_CONFIG"])["cluster"]))
+        """,
+        4,
+        timeout=60,
+        hosts=2,
+    )
+    assert code == 0, text
+    workers = json.loads(_worker_lines(text, 3)[0])["worker"]
+    hosts = [w.rsplit(":", 1)[0] for w in workers]
+    assert hosts == ["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"]
+
+
 def test_output_is_prefixed_per_worker_including_stderr():
     code, text = _run(
         """
@@ -218,6 +244,7 @@ def test_run_rejects_bad_arguments(kwargs, match):
         (["-n", "2", "--timeout", "0", "--", "true"], "--timeout: must be > 0"),
         (["-n", "2", "--timeout", "-3", "--", "true"], "got -3"),
         (["-n", "2", "--port-base", "65535", "--", "true"], "--port-base"),
+        (["-n", "3", "--hosts", "2", "--", "true"], "--hosts: hosts=2"),
         (["--", "true"], "-n/--num-workers"),
     ],
 )

@@ -242,9 +242,8 @@ class Hierarchical(Communicator):
                 flat = tf.reshape(whole, [-1])[:n_i]
                 totals[i] = tf.reshape(flat, tensors[i].shape)
                 new_states[i] = state
-                # The block into the host's all-reduce, then one shard out.
-                itemsize = block.dtype.size
-                intra += (g + 1) * (block.shape[1] * itemsize)
+                if g > 1:  # the block into the host's all-reduce, a shard out
+                    intra += (g + 1) * block.shape[1] * block.dtype.size
         traffic = exchange.Traffic(sent, overhead, tf.cast(intra, tf.int64))
         return exchange.StepResult(totals, new_states, traffic)
 

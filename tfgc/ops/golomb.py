@@ -1,4 +1,4 @@
-"""Golomb-Rice position coding (SBC, ALGORITHMS.md section 2).
+"""Golomb-Rice position coding (SBC; docs/algorithms.md).
 
 `golomb_encode` / `golomb_decode` run the compiled `Tfgc>GolombEncode` /
 `Tfgc>GolombDecode` ops when the custom-op library is loaded and their

@@ -4,7 +4,7 @@
 `top_k_sample_reference` (pure TensorFlow, the test oracle) otherwise; both
 return the same indices for the same inputs and seed.
 
-Shared definitions (ALGORITHMS.md sections 1 and 5):
+Shared definitions (docs/algorithms.md, "Selection and position-coding ops"):
 
 * key(x) = |x| in float32; NaN has key -1 (selected last), +-Inf key +inf.
 * mean = sum of finite keys (float64) / their count, rounded to float32; max =

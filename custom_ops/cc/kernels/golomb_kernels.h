@@ -1,7 +1,7 @@
 // Copyright 2026 The tfgc Authors.
 //
 // GolombEncode / GolombDecode: Golomb-Rice coding of sorted, unique positions
-// (SBC position coding, ALGORITHMS.md section 2). This header holds the bit
+// (SBC position coding, docs/algorithms.md). This header holds the bit
 // format shared by the CPU kernels and any other implementation; it includes
 // no TensorFlow header.
 //
