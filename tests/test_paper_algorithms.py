@@ -319,20 +319,6 @@ def test_redsync_refuses_error_feedback_false():
         )
 
 
-def test_hierarchical_refuses_unequal_payloads_and_names_the_fix():
-    with pytest.raises(ValueError, match="selection='trimmed'"):
-        tfgc.CompressedOptimizer(
-            keras.optimizers.SGD(0.1),
-            compressors.RedSync(),
-            communicator="hierarchical",
-        )
-    tfgc.CompressedOptimizer(
-        keras.optimizers.SGD(0.1),
-        compressors.RedSync(selection="trimmed"),
-        communicator="hierarchical",
-    )
-
-
 def test_probe_needs_eager_build(mirrored):
     with mirrored.scope():
         v = keras.Variable(np.zeros((300, 300), "float32"))

@@ -129,8 +129,16 @@ class Communicator:
             topology, range(topology.num_replicas), replica_id(), self.options
         )
 
-    def step(self, compressors, tensors, states, keys) -> exchange.StepResult:
+    def step(
+        self, compressors, tensors, states, keys, variables=None
+    ) -> exchange.StepResult:
         """Compresses, exchanges and decompresses every tensor.
+
+        Args:
+            compressors, tensors, states, keys: per tensor, its compressor,
+                gradient, compressor state and stateless key.
+            variables: per tensor, the variable's value, for compressors
+                that read it (`Compressor.reads_step_info`); or None.
 
         Returns:
             `StepResult`: the sum over workers of each tensor, the
@@ -143,6 +151,7 @@ class Communicator:
             states,
             keys,
             lambda payloads, kinds: self.carry(payloads, kinds, group),
+            exchange.step_infos(variables, group.rank, group.size),
         )
         traffic = exchange.Traffic(sent, overhead, exchange.zero_bytes())
         return exchange.StepResult(totals, new_states, traffic)

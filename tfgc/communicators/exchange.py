@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
-from tfgc.compressors.base import Compressor, payload_nbytes
+from tfgc.compressors.base import Compressor, StepInfo, payload_nbytes
 
 #: carry(payloads, collectives) -> (received, overhead bytes): one round of
 #: payloads through the collectives their compressors declared.
@@ -49,54 +49,103 @@ def zero_bytes() -> tf.Tensor:
     return tf.constant(0, tf.int64)
 
 
+def step_infos(variables, rank: int, num_peers: int) -> list:
+    """A `StepInfo` per variable value (None where there is none)."""
+    if variables is None:
+        return None
+    return [
+        None if v is None else StepInfo(v, rank, num_peers) for v in variables
+    ]
+
+
+def buckets(
+    compressors: Sequence[Compressor], tensors: Sequence[tf.Tensor]
+) -> list[list[int]]:
+    """Tensor indices grouped into exchange buckets.
+
+    Without a `bucket_bytes` among the compressors, one bucket of all.
+    Otherwise buckets of about that many uncompressed bytes, filled from
+    the last tensor backwards (a backward pass produces the last layers'
+    gradients first), each exchanged with its own collectives.
+    """
+    limits = [c.bucket_bytes for c in compressors if c.bucket_bytes]
+    if not limits:
+        return [list(range(len(tensors)))]
+    limit = max(limits)
+    groups, current, size = [], [], 0
+    for i in reversed(range(len(tensors))):
+        nbytes = tensors[i].shape.num_elements() * tensors[i].dtype.size
+        if current and size + nbytes > limit:
+            groups.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += nbytes
+    groups.append(current)
+    return groups
+
+
 def run_rounds(
     compressors: Sequence[Compressor],
     tensors: Sequence[tf.Tensor],
     states: Sequence,
     keys: Sequence[tf.Tensor],
     carry: Carry,
+    infos: Sequence[StepInfo | None] | None = None,
 ) -> tuple[list, list, tf.Tensor, tf.Tensor]:
     """Compresses, communicates and decompresses every tensor.
 
-    Round r of every tensor that still has one goes through a single
-    `carry` call, so a round costs one fused collective per wire type,
-    however many tensors there are.
+    Within a bucket (`buckets`; usually all tensors), round r of every
+    tensor that still has one goes through a single `carry` call, so a
+    round costs one fused collective per wire type, however many tensors
+    there are. `infos` (per tensor) reach the compressors that read them
+    (`Compressor.reads_step_info`).
 
     Returns:
         (totals, new_states, sent, overhead): the sum over workers of each
         tensor, each compressor's next state, and the bytes this worker
         put on the wire (payloads, and beyond them).
     """
-    payloads, contexts = [], []
-    for compressor, x, state, key in zip(compressors, tensors, states, keys):
-        payload, ctx = compressor.compress(x, state, key)
-        payloads.append(payload)
-        contexts.append(ctx)
     totals = [None] * len(tensors)
     new_states = [None] * len(tensors)
     sent, overhead = zero_bytes(), zero_bytes()
-    pending = list(range(len(tensors)))
-    round_index = 0
-    while pending:
-        for i in pending:
-            sent += payload_nbytes(payloads[i])
-        received, extra = carry(
-            [payloads[i] for i in pending],
-            [compressors[i].collective for i in pending],
-        )
-        overhead += extra
-        still_pending = []
-        for i, reduced in zip(pending, received):
+    payloads = [None] * len(tensors)
+    contexts = [None] * len(tensors)
+    for bucket in buckets(compressors, tensors):
+        for i in bucket:
             compressor = compressors[i]
-            if round_index + 1 < compressor.rounds:
-                payloads[i], contexts[i] = compressor.next_round(
-                    reduced, contexts[i]
-                )
-                still_pending.append(i)
-            else:
-                totals[i], new_states[i] = compressor.decompress(
-                    reduced, contexts[i]
-                )
-        pending = still_pending
-        round_index += 1
+            args = (tensors[i], states[i], keys[i])
+            if compressor.reads_step_info:
+                if infos is None or infos[i] is None:
+                    raise ValueError(
+                        f"{type(compressor).__name__} reads the variable's "
+                        "value, and none was given: use it through "
+                        "tfgc.CompressedOptimizer, or pass `variables` to "
+                        "the communicator's step."
+                    )
+                args += (infos[i],)
+            payloads[i], contexts[i] = compressor.compress(*args)
+        pending = list(bucket)
+        round_index = 0
+        while pending:
+            for i in pending:
+                sent += payload_nbytes(payloads[i])
+            received, extra = carry(
+                [payloads[i] for i in pending],
+                [compressors[i].collective for i in pending],
+            )
+            overhead += extra
+            still_pending = []
+            for i, reduced in zip(pending, received):
+                compressor = compressors[i]
+                if round_index + 1 < compressor.rounds:
+                    payloads[i], contexts[i] = compressor.next_round(
+                        reduced, contexts[i]
+                    )
+                    still_pending.append(i)
+                else:
+                    totals[i], new_states[i] = compressor.decompress(
+                        reduced, contexts[i]
+                    )
+            pending = still_pending
+            round_index += 1
     return totals, new_states, sent, overhead

@@ -10,12 +10,7 @@ from tfgc.communicators import exchange, fusion
 from tfgc.communicators.collectives import Group
 from tfgc.communicators.communicator import Communicator, replica_id
 from tfgc.communicators.topology import Topology
-from tfgc.compressors.base import (
-    ALL_GATHER,
-    ALL_REDUCE,
-    check_positive_int,
-    num_elements,
-)
+from tfgc.compressors.base import check_positive_int, num_elements
 
 
 def _shard_rows(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -57,9 +52,6 @@ class Hierarchical(Communicator):
     h, which must agree with the cluster spec's host names when it has
     them). With several GPUs per worker task, each GPU counts as a worker.
 
-    Payloads whose size differs between workers (RedSync's threshold
-    selection) are not supported: use an exact-k selection.
-
     Args:
         workers_per_host: g; None reads it from the cluster spec.
         dense_threshold: gradients with fewer elements go dense, in one
@@ -69,7 +61,6 @@ class Hierarchical(Communicator):
     """
 
     name = "hierarchical"
-    supported = (ALL_REDUCE, ALL_GATHER)
 
     def __init__(
         self,
@@ -182,7 +173,14 @@ class Hierarchical(Communicator):
             Group(topology, same_rank, me, self.options),
         )
 
-    def step(self, compressors, tensors, states, keys):
+    def _blocks(self, tensor: tf.Tensor, g: int) -> tf.Tensor:
+        """The tensor as [g, shard size]: row l is local rank l's shard."""
+        shard_size = num_elements(self.compressed_shape(tensor.shape))
+        flat = tf.reshape(tensor, [-1])
+        flat = tf.pad(flat, [[0, g * shard_size - flat.shape[0]]])
+        return tf.reshape(flat, [g, shard_size])
+
+    def step(self, compressors, tensors, states, keys, variables=None):
         everyone, host, peers = self._groups()
         n = len(tensors)
         totals, new_states = [None] * n, [None] * n
@@ -191,7 +189,7 @@ class Hierarchical(Communicator):
         for i, t in enumerate(tensors):
             routes[self.sends_dense(tuple(t.shape))].append(i)
 
-        def run(indices, inputs, group):
+        def run(indices, inputs, group, values):
             def carry(payloads, kinds):
                 return self.carry(payloads, kinds, group)
 
@@ -201,12 +199,16 @@ class Hierarchical(Communicator):
                 [states[i] for i in indices],
                 [keys[i] for i in indices],
                 carry,
+                exchange.step_infos(values, group.rank, group.size),
             )
 
         dense = routes[True]
         if dense:
             out, out_states, s, o = run(
-                dense, [tensors[i] for i in dense], everyone
+                dense,
+                [tensors[i] for i in dense],
+                everyone,
+                None if variables is None else [variables[i] for i in dense],
             )
             sent, overhead = sent + s, overhead + o
             for i, total, state in zip(dense, out, out_states):
@@ -215,22 +217,20 @@ class Hierarchical(Communicator):
         sharded = routes[False]
         if sharded:
             g = host.size
-            blocks = []  # [g, shard size] per tensor
-            for i in sharded:
-                shard_size = num_elements(
-                    self.compressed_shape(tensors[i].shape)
-                )
-                flat = tf.reshape(tensors[i], [-1])
-                flat = tf.pad(flat, [[0, g * shard_size - flat.shape[0]]])
-                blocks.append(tf.reshape(flat, [g, shard_size]))
+
+            def own_shard(i, blocks):
+                shape = self.compressed_shape(tensors[i].shape)
+                return tf.reshape(blocks[host.rank], shape)
+
+            blocks = [self._blocks(tensors[i], g) for i in sharded]
             host_sums = fusion.all_reduce_sum(blocks, host)
-            shards = [
-                tf.reshape(
-                    s[host.rank], self.compressed_shape(tensors[i].shape)
-                )
-                for i, s in zip(sharded, host_sums)
-            ]
-            out, out_states, s, o = run(sharded, shards, peers)
+            shards = [own_shard(i, b) for i, b in zip(sharded, host_sums)]
+            values = None
+            if variables is not None:
+                values = [
+                    own_shard(i, self._blocks(variables[i], g)) for i in sharded
+                ]
+            out, out_states, s, o = run(sharded, shards, peers, values)
             sent, overhead = sent + s, overhead + o
             gathered = fusion.all_gather(
                 [tf.reshape(t, [-1]) for t in out], host

@@ -81,9 +81,9 @@ def current(strategy: tf.distribute.Strategy | None = None) -> Topology:
     """
     strategy = strategy or tf.distribute.get_strategy()
     num_replicas = strategy.num_replicas_in_sync
-    if tf.distribute.has_strategy():
+    try:
         devices = tuple(strategy.extended.worker_devices)
-    else:  # the default strategy: one replica, never a collective
+    except RuntimeError:  # the default strategy: one replica, no collective
         devices = ("",)
     addresses = _task_addresses(strategy)
     if addresses and num_replicas % len(addresses) == 0:

@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import keras
 
+from tfgc.compressors.acpsgd import ACPSGD
 from tfgc.compressors.base import (
     ALL_GATHER,
     ALL_GATHER_RAGGED,
     ALL_REDUCE,
     Compressor,
     Network,
+    StepInfo,
     check_density,
 )
 from tfgc.compressors.cost_model import CostModel
 from tfgc.compressors.error_feedback import ErrorFeedback
 from tfgc.compressors.identity import BF16, FP16, DenseWarmup, Identity
+from tfgc.compressors.importance import ImportancePruning
 from tfgc.compressors.mstopk import MSTopK
 from tfgc.compressors.powersgd import PowerSGD
 from tfgc.compressors.randomk import RandomK
 from tfgc.compressors.redsync import RedSync
+from tfgc.compressors.sbc import SBC
 from tfgc.compressors.sign import SignSGD
 from tfgc.compressors.topk import TopK
 
@@ -38,6 +42,9 @@ _BY_NAME = {
     "signsgd": SignSGD,
     "sign": SignSGD,
     "powersgd": PowerSGD,
+    "acpsgd": ACPSGD,
+    "sbc": SBC,
+    "importance": ImportancePruning,
 }
 
 
@@ -74,6 +81,7 @@ def get(identifier, **kwargs) -> Compressor:
 
 
 __all__ = [
+    "ACPSGD",
     "ALL_GATHER",
     "ALL_GATHER_RAGGED",
     "ALL_REDUCE",
@@ -84,12 +92,15 @@ __all__ = [
     "ErrorFeedback",
     "FP16",
     "Identity",
+    "ImportancePruning",
     "MSTopK",
     "Network",
     "PowerSGD",
     "RandomK",
     "RedSync",
+    "SBC",
     "SignSGD",
+    "StepInfo",
     "TopK",
     "check_density",
     "get",

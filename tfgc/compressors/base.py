@@ -44,6 +44,11 @@ Optional fused error feedback (single-round compressors only):
   takes the generic path. The choice is made in Python while tracing, so
   it adds nothing to the graph.
 
+A compressor that sets `reads_step_info` is called as
+`compress(x, state, key, info)`, `info` a `StepInfo`: the variable's current
+value (read-only) and this worker's rank among the workers that exchange the
+payload. The others are called without it.
+
 Planning, once per tensor when the optimizer is built (identical on every
 worker, so every worker makes the same choices):
 
@@ -61,6 +66,17 @@ worker, so every worker makes the same choices):
   every compressed tensor dense, through `warmup_compressor()`, which takes
   and returns this compressor's state (`DenseWarmup` unless the compressor
   needs more).
+* `phases()`: compressors used in turn, one per step (ACP-SGD alternates a
+  P step and a Q step); each takes and returns the same state. Default:
+  this compressor alone.
+* `compresses_updates`, `delay`: the optimizer lets every worker take
+  `delay` local steps of the inner optimizer, then compresses the weight
+  update since the round started (SBC's communication delay); every worker
+  ends the round with the round-start weights plus the mean update.
+* `bucket_bytes`: the compressor's tensors are exchanged in buckets of about
+  this many bytes of uncompressed gradient, each its own collectives, so
+  one bucket can be on the wire while the next is compressed (None: all in
+  one).
 """
 
 from __future__ import annotations
@@ -80,6 +96,23 @@ COLLECTIVES = (ALL_REDUCE, ALL_GATHER, ALL_GATHER_RAGGED)
 
 class NoState(NamedTuple):
     """State of a compressor that keeps none."""
+
+
+class StepInfo(NamedTuple):
+    """What a compressor with `reads_step_info` gets besides the gradient.
+
+    Attributes:
+        variable: the variable's current value, in the shape the compressor
+            compresses (a shard of it under the hierarchical communicator);
+            read-only.
+        rank: this worker's index among the workers that exchange the
+            payload (a Python int).
+        num_peers: how many workers exchange the payload.
+    """
+
+    variable: tf.Tensor
+    rank: int
+    num_peers: int
 
 
 class Network(NamedTuple):
@@ -161,6 +194,15 @@ class Compressor:
     warmup_steps: int = 0
     #: The compressor wants the optimizer to measure `Network.cost`.
     wants_cost_probe: bool = False
+    #: `compress` takes a fourth argument, a `StepInfo`.
+    reads_step_info: bool = False
+    #: The compressor compresses each worker's weight update over `delay`
+    #: local steps of the inner optimizer (SBC), not its gradient.
+    compresses_updates: bool = False
+    #: Local steps per communication round, with `compresses_updates`.
+    delay: int = 1
+    #: Uncompressed bytes of gradient per exchange bucket (None: one).
+    bucket_bytes: int | None = None
 
     def should_compress(
         self,
@@ -183,6 +225,10 @@ class Compressor:
         from tfgc.compressors.identity import DenseWarmup
 
         return DenseWarmup(self)
+
+    def phases(self) -> tuple[Compressor, ...]:
+        """The compressors used in turn, one per step (default: this one)."""
+        return (self,)
 
     def init_state(self, shape, dtype, key) -> NamedTuple:
         """Initial state for a tensor; must be identical on every worker."""

@@ -24,6 +24,11 @@ class _Context(NamedTuple):
     residual: tf.Tensor | None = None
 
 
+def _inner(name: str) -> property:
+    """A read-only attribute taken from the wrapped compressor."""
+    return property(lambda self: getattr(self.compressor, name))
+
+
 @base.register
 class ErrorFeedback(base.Compressor):
     """Adds the residual before compressing and keeps what was not sent.
@@ -50,25 +55,22 @@ class ErrorFeedback(base.Compressor):
             )
         self.compressor = compressor
 
-    @property
-    def collective(self):
-        return self.compressor.collective
+    # The wrapped compressor decides how its payload travels and is planned.
+    collective = _inner("collective")
+    rounds = _inner("rounds")
+    local_momentum = _inner("local_momentum")
+    warmup_steps = _inner("warmup_steps")
+    wants_cost_probe = _inner("wants_cost_probe")
+    reads_step_info = _inner("reads_step_info")
+    compresses_updates = _inner("compresses_updates")
+    delay = _inner("delay")
+    bucket_bytes = _inner("bucket_bytes")
 
-    @property
-    def rounds(self):
-        return self.compressor.rounds
-
-    @property
-    def local_momentum(self):
-        return self.compressor.local_momentum
-
-    @property
-    def warmup_steps(self):
-        return self.compressor.warmup_steps
-
-    @property
-    def wants_cost_probe(self):
-        return self.compressor.wants_cost_probe
+    def phases(self):
+        inner = self.compressor.phases()
+        if len(inner) == 1:
+            return (self,)
+        return tuple(ErrorFeedback(c) for c in inner)
 
     def should_compress(self, shape, dtype="float32", network=None):
         return self.compressor.should_compress(shape, dtype, network)
@@ -79,11 +81,12 @@ class ErrorFeedback(base.Compressor):
             inner=self.compressor.init_state(shape, dtype, key),
         )
 
-    def compress(self, x, state, key):
+    def compress(self, x, state, key, info=None):
         # The state may be kept in another dtype (the variable's); the
         # arithmetic is in the gradient's, as the residual returned is.
         residual = tf.cast(state.residual, x.dtype)
-        if self.compressor.rounds == 1:
+        reads_info = self.compressor.reads_step_info
+        if self.compressor.rounds == 1 and not reads_info:
             fused = self.compressor.compress_with_residual(
                 x, residual, state.inner, key
             )
@@ -91,7 +94,10 @@ class ErrorFeedback(base.Compressor):
                 payload, ctx, new_residual = fused
                 return payload, _Context(None, payload, ctx, new_residual)
         corrected = x + residual
-        payload, ctx = self.compressor.compress(corrected, state.inner, key)
+        extra = (info,) if reads_info else ()
+        payload, ctx = self.compressor.compress(
+            corrected, state.inner, key, *extra
+        )
         return payload, _Context(corrected, payload, ctx)
 
     def next_round(self, reduced, ctx):

@@ -17,18 +17,35 @@ class PowerSGDState(NamedTuple):
     q: tf.Tensor  # [cols, r], the last all-reduced Q (warm start)
 
 
-def _matrix_shape(shape):
-    # Keras keeps the output axis last (Dense (in, out), Conv2D (kh, kw, in,
-    # out)); the paper's PyTorch code views (out, in*kh*kw). The transpose
-    # has the same low-rank factors.
+def matrix_shape(shape) -> tuple[int, int]:
+    """(prod(shape[:-1]), shape[-1]): the matrix a low-rank method factors.
+
+    Keras keeps the output axis last (Dense (in, out), Conv2D (kh, kw, in,
+    out)); the papers' PyTorch code views (out, in*kh*kw). The transpose
+    has the same low-rank factors.
+    """
     cols = int(shape[-1])
     return base.num_elements(shape) // max(cols, 1), cols
 
 
-def _compute_dtype(dtype):
-    # QR has no 16-bit kernels; half-precision gradients are factored in fp32.
+def compute_dtype(dtype) -> tf.DType:
+    """QR has no 16-bit kernels: half-precision gradients factor in fp32."""
     dtype = tf.as_dtype(dtype)
     return tf.float32 if dtype.size < 4 else dtype
+
+
+def effective_rank(shape, rank: int) -> int:
+    """min(rank, rows, cols) of the matrix view."""
+    rows, cols = matrix_shape(shape)
+    return min(rank, rows, cols)
+
+
+def low_rank_worthwhile(shape, rank: int) -> bool:
+    """A matrix (2+ dimensions) whose rank-r factors are smaller than it."""
+    if len(shape) < 2:
+        return False
+    rows, cols = matrix_shape(shape)
+    return (rows + cols) * effective_rank(shape, rank) < rows * cols
 
 
 @base.register
@@ -52,36 +69,37 @@ class PowerSGD(base.Compressor):
 
     Args:
         rank: the rank r of the approximation.
+        warmup_steps: steps at the start that send every tensor dense (the
+            paper's start step; error feedback and factors wait).
     """
 
     collective = base.ALL_REDUCE
     rounds = 2
 
-    def __init__(self, rank: int = 4):
+    def __init__(self, rank: int = 4, warmup_steps: int = 0):
         self.rank = base.check_positive_int("rank", rank)
+        self.warmup_steps = base.check_positive_int(
+            "warmup_steps", warmup_steps, minimum=0
+        )
 
     def _rank(self, shape):
-        rows, cols = _matrix_shape(shape)
-        return min(self.rank, rows, cols)
+        return effective_rank(shape, self.rank)
 
     def should_compress(self, shape, dtype="float32", network=None):
         del dtype, network
-        if len(shape) < 2:
-            return False
-        rows, cols = _matrix_shape(shape)
-        return (rows + cols) * self._rank(shape) < rows * cols
+        return low_rank_worthwhile(shape, self.rank)
 
     def init_state(self, shape, dtype, key):
-        _, cols = _matrix_shape(shape)
+        _, cols = matrix_shape(shape)
         q = tf.random.stateless_normal(
-            [cols, self._rank(shape)], seed=key, dtype=_compute_dtype(dtype)
+            [cols, self._rank(shape)], seed=key, dtype=compute_dtype(dtype)
         )
         return PowerSGDState(q)
 
     def compress(self, x, state, key):
         del key
-        rows, cols = _matrix_shape(x.shape)
-        m = tf.reshape(tf.cast(x, _compute_dtype(x.dtype)), [rows, cols])
+        rows, cols = matrix_shape(x.shape)
+        m = tf.reshape(tf.cast(x, compute_dtype(x.dtype)), [rows, cols])
         p = tf.matmul(m, state.q)
         return FactorPayload(p), (x.shape, x.dtype, m, None)
 
@@ -103,9 +121,9 @@ class PowerSGD(base.Compressor):
         return self._expand(payload.factor, ctx)
 
     def payload_bytes(self, shape, dtype):
-        rows, cols = _matrix_shape(shape)
-        itemsize = _compute_dtype(dtype).size
+        rows, cols = matrix_shape(shape)
+        itemsize = compute_dtype(dtype).size
         return (rows + cols) * self._rank(shape) * itemsize
 
     def get_config(self):
-        return {"rank": self.rank}
+        return {"rank": self.rank, "warmup_steps": self.warmup_steps}

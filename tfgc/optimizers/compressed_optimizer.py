@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import keras
@@ -32,11 +33,19 @@ _INIT_STEP = -1  # key step for initial states, distinct from every real step
 class _Plan(NamedTuple):
     """How one trainable variable's gradient travels."""
 
-    compressor: Compressor
+    phases: tuple  # compressors used in turn after the warm-up
     warmup: Compressor  # stands in during warm-up steps; same state
     state_structure: object  # the compressor's state NamedTuple, as a template
     state_variables: list  # its leaves, one optimizer variable each
     seed: int
+    # The weights when the communication round started (compressors that
+    # compress weight updates, SBC); else None.
+    round_start: object = None
+
+    @property
+    def compressor(self) -> Compressor:
+        """The compressor after the warm-up (its first phase)."""
+        return self.phases[0]
 
 
 def _state_names(structure, prefix=""):
@@ -158,14 +167,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 f"{type(self.compressor).__name__} sends a payload that "
                 f"needs {self.compressor.collective!r}, which communicator "
                 f"{self.communicator.name!r} cannot carry. Use "
-                "communicator='auto' or 'allgather'"
-                + (
-                    ", or an exact-k selection (e.g. RedSync(selection="
-                    "'trimmed'))."
-                    if self.compressor.collective
-                    == compressors_lib.ALL_GATHER_RAGGED
-                    else "."
-                )
+                "communicator='auto' or 'allgather'."
             )
         if self.compressor.has_error_feedback and not self.error_feedback:
             raise ValueError(
@@ -181,10 +183,10 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
 
     # --- building ----------------------------------------------------------
 
-    def _compressor_for(
+    def _compressors_for(
         self, shape, part, dtype, network
-    ) -> tuple[Compressor, Compressor]:
-        """(compressor, warm-up compressor) for one variable's gradient."""
+    ) -> tuple[tuple[Compressor, ...], Compressor]:
+        """(phases, warm-up compressor) for one variable's gradient."""
         compressor = self.compressor
         if (
             num_elements(shape) < self.min_compress_size
@@ -192,14 +194,14 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             or not compressor.should_compress(part, dtype, network)
         ):
             dense = compressor.dense_compressor()
-            return dense, dense
+            return (dense,), dense
         if (
             self.error_feedback
             and not compressor.has_error_feedback
             and not isinstance(compressor, compressors_lib.Identity)
         ):
             compressor = compressors_lib.ErrorFeedback(compressor)
-        return compressor, compressor.warmup_compressor()
+        return compressor.phases(), compressor.warmup_compressor()
 
     def _network(self) -> Network:
         """What compressors may know of the network; probed if asked."""
@@ -235,15 +237,15 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         for index, variable in enumerate(var_list):
             shape = tuple(variable.shape)
             part = self.communicator.compressed_shape(shape)
-            compressor, warmup = self._compressor_for(
+            phases, warmup = self._compressors_for(
                 shape, part, variable.dtype, network
             )
             seed = self.seed * 1_000_003 + index
-            initial = compressor.init_state(
+            initial = phases[0].init_state(
                 part, variable.dtype, self._key(seed, _INIT_STEP)
             )
             leaves = tf.nest.flatten(initial)
-            path = variable.path.replace("/", "_")
+            path = _variable_name(variable, index)
             state_variables = [
                 self.add_variable(
                     shape=leaf.shape,
@@ -256,17 +258,37 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 )
                 for leaf, name in zip(leaves, _state_names(initial))
             ]
-            self._plans.append(
-                _Plan(compressor, warmup, initial, state_variables, seed)
-            )
-        self._traffic = communicators.Traffic(
-            *(
-                self.add_variable(
-                    shape=(), dtype="int64", aggregation="none", name=name
+            round_start = None
+            if self.compressor.compresses_updates:
+                # Set from the weights when each round starts (apply).
+                round_start = self.add_variable(
+                    shape=shape,
+                    dtype=variable.dtype,
+                    aggregation="none",
+                    name=f"{path}_round_start",
                 )
-                for name in ("sent_bytes", "overhead_bytes", "intra_host_bytes")
+            self._plans.append(
+                _Plan(
+                    phases,
+                    warmup,
+                    initial,
+                    state_variables,
+                    seed,
+                    round_start,
+                )
             )
+
+        def counter(name):
+            return self.add_variable(
+                shape=(), dtype="int64", aggregation="none", name=name
+            )
+
+        self._traffic = communicators.Traffic(
+            *map(counter, ("sent_bytes", "overhead_bytes", "intra_host_bytes"))
         )
+        # Over the whole run: bytes on the wire (sent + overhead), steps.
+        self._run_bytes = counter("run_bytes")
+        self._run_steps = counter("run_steps")
         self._dense_bytes = sum(
             num_elements(tuple(v.shape)) * tf.as_dtype(v.dtype).size
             for v in var_list
@@ -315,18 +337,35 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         grads = [
             _check_gradient(g, v) for g, v in zip(grads, trainable_variables)
         ]
-        summed = self._exchange(grads, trainable_variables)
+        if self.compressor.compresses_updates:
+            self._apply_local_step_then_round(grads, trainable_variables)
+            return
+        summed, traffic = self._exchange(
+            grads, trainable_variables, self.iterations
+        )
+        self._count(traffic)
         self.inner_optimizer.apply(summed, trainable_variables)
 
-    def _exchange(self, grads, trainable_variables):
-        present = [i for i, g in enumerate(grads) if g is not None]
-        if not present:
-            return grads
+    def _plans_of(self, items, trainable_variables):
+        """(indices, plans) of the items that are not None."""
+        present = [i for i, item in enumerate(items) if item is not None]
         plans = [
             self._plans[self._get_variable_index(trainable_variables[i])]
             for i in present
         ]
-        step = self.iterations
+        return present, plans
+
+    def _exchange(self, tensors, trainable_variables, step):
+        """Compresses, exchanges and decompresses `tensors` (None skipped).
+
+        Returns:
+            (totals, traffic): per tensor the sum over workers (None where
+            the tensor was None), and the `Traffic` of the step.
+        """
+        present, plans = self._plans_of(tensors, trainable_variables)
+        if not present:
+            zero = tf.constant(0, tf.int64)
+            return list(tensors), communicators.Traffic(zero, zero, zero)
         states = [
             tf.nest.pack_sequence_as(
                 plan.state_structure,
@@ -334,34 +373,97 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             )
             for plan in plans
         ]
-        tensors = [grads[i] for i in present]
+        inputs = [tensors[i] for i in present]
         keys = [self._key(plan.seed, step) for plan in plans]
+        variables = None
+        if any(c.reads_step_info for p in plans for c in p.phases):
+            variables = [trainable_variables[i].value for i in present]
 
         def run(compressors):
-            return self.communicator.step(compressors, tensors, states, keys)
+            return self.communicator.step(
+                compressors, inputs, states, keys, variables
+            )
 
+        # Warm-up, then the phases in turn: a branch per choice, taken by
+        # the step, which every worker shares (so all take the same one).
         warmup_steps = self.compressor.warmup_steps
+        num_phases = max(len(plan.phases) for plan in plans)
+        branches = [
+            functools.partial(run, [p.phases[i % len(p.phases)] for p in plans])
+            for i in range(num_phases)
+        ]
+        step = tf.cast(step, tf.int64)
         if warmup_steps:
-            # Every worker takes the same branch: the step is the same.
-            result = tf.cond(
-                tf.cast(step, tf.int64) < warmup_steps,
-                lambda: run([plan.warmup for plan in plans]),
-                lambda: run([plan.compressor for plan in plans]),
+            branches.insert(
+                0, functools.partial(run, [p.warmup for p in plans])
+            )
+            index = tf.where(
+                step < warmup_steps,
+                tf.constant(0, tf.int64),
+                1 + (step - warmup_steps) % num_phases,
             )
         else:
-            result = run([plan.compressor for plan in plans])
+            index = step % num_phases
+        if len(branches) == 1:
+            result = branches[0]()
+        else:
+            result = tf.switch_case(tf.cast(index, tf.int32), branches)
         totals, new_states, traffic = result
         for plan, state in zip(plans, new_states):
             for variable, value in zip(
                 plan.state_variables, tf.nest.flatten(state)
             ):
                 variable.assign(value)
+        out = list(tensors)
+        for i, total in zip(present, totals):
+            out[i] = total
+        return out, traffic
+
+    def _count(self, traffic):
         for variable, value in zip(self._traffic, traffic):
             variable.assign(value)
-        summed = list(grads)
-        for i, total in zip(present, totals):
-            summed[i] = total
-        return summed
+        self._run_bytes.assign_add(traffic.sent + traffic.overhead)
+        self._run_steps.assign_add(1)
+
+    def _apply_local_step_then_round(self, grads, trainable_variables):
+        """A local step of the inner optimizer; at a round's end, exchange.
+
+        Every worker applies its own gradient (times the number of
+        replicas: Keras divides each replica's loss by it) to its own
+        weights. After every `delay` steps each worker compresses its
+        weight update since the round started, and all continue from the
+        round-start weights plus the mean of the updates.
+        """
+        present, plans = self._plans_of(grads, trainable_variables)
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        delay = self.compressor.delay
+        step = tf.cast(self.iterations, tf.int64)
+
+        def start_round():
+            for i, plan in zip(present, plans):
+                plan.round_start.assign(trainable_variables[i])
+            return tf.constant(True)
+
+        tf.cond(step % delay == 0, start_round, lambda: tf.constant(False))
+        local = [None if g is None else g * replicas for g in grads]
+        self.inner_optimizer.apply(local, trainable_variables)
+
+        def end_round():
+            updates = [None] * len(grads)
+            for i, plan in zip(present, plans):
+                updates[i] = trainable_variables[i] - plan.round_start
+            totals, traffic = self._exchange(updates, trainable_variables, step)
+            for i, plan in zip(present, plans):
+                mean = tf.cast(totals[i], plan.round_start.dtype) / replicas
+                trainable_variables[i].assign(plan.round_start + mean)
+            return traffic
+
+        def local_only():
+            zero = tf.constant(0, tf.int64)
+            return communicators.Traffic(zero, zero, zero)
+
+        traffic = tf.cond((step + 1) % delay == 0, end_round, local_only)
+        self._count(traffic)
 
     # --- reporting ---------------------------------------------------------
 
@@ -373,20 +475,28 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         whose payloads differ in size between workers);
         `intra_host_bytes` stayed inside the host (hierarchical
         communicator); `dense_bytes` is what an uncompressed all-reduce
-        carries; `compression_ratio` is dense / (sent + overhead). All
-        are before the collective's own transport factor. Call outside
-        `tf.function`.
+        carries; `compression_ratio` is dense / (sent + overhead). The
+        `run_` values count every step since the optimizer was built:
+        `run_mean_bytes` is (sent + overhead) per step and
+        `run_compression_ratio` dense / that (with SBC's communication
+        delay, most steps send nothing). All are before the collective's
+        own transport factor. Call outside `tf.function`.
         """
         if not self.built:
             return {}
         traffic = [int(v.numpy()) for v in self._traffic]
         sent, overhead, intra_host = traffic
+        steps = int(self._run_steps.numpy())
+        run_mean = int(self._run_bytes.numpy()) / max(steps, 1)
         return {
             "sent_bytes": float(sent),
             "overhead_bytes": float(overhead),
             "intra_host_bytes": float(intra_host),
             "dense_bytes": float(self._dense_bytes),
             "compression_ratio": self._dense_bytes / max(sent + overhead, 1),
+            "run_steps": float(steps),
+            "run_mean_bytes": float(run_mean),
+            "run_compression_ratio": self._dense_bytes / max(run_mean, 1e-9),
         }
 
     @property
@@ -434,6 +544,14 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             config.pop("compressor"), custom_objects=custom_objects
         )
         return cls(inner, compressor=compressor, **config)
+
+
+def _variable_name(variable, index: int) -> str:
+    """A name for state variables: the variable's path, or its index."""
+    path = getattr(variable, "path", None) or getattr(variable, "name", None)
+    if not path:
+        return f"variable_{index}"
+    return path.replace("/", "_").replace(":", "_")
 
 
 def _check_momentum_applied_once(compressor, inner_optimizer) -> None:

@@ -1,0 +1,172 @@
+"""ACP-SGD: PowerSGD's two factors, all-reduced on alternate steps."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from tfgc.compressors import base
+from tfgc.compressors.powersgd import (
+    FactorPayload,
+    compute_dtype,
+    effective_rank,
+    low_rank_worthwhile,
+    matrix_shape,
+)
+
+FACTORS = ("p", "q")
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+
+
+class ACPState(NamedTuple):
+    p: tf.Tensor  # [rows, r], the last all-reduced P (sum over workers)
+    q: tf.Tensor  # [cols, r], the last all-reduced Q
+    p_steps: tf.Tensor  # int64: P steps taken so far
+    q_steps: tf.Tensor  # int64: Q steps taken so far
+
+
+class _Context(NamedTuple):
+    shape: tf.TensorShape
+    dtype: tf.DType
+    fixed: tf.Tensor  # the orthogonalised factor this step multiplies by
+    state: ACPState
+
+
+def _orthonormal(factor: tf.Tensor) -> tf.Tensor:
+    q, _ = tf.linalg.qr(factor)  # reduced QR
+    return q
+
+
+@base.register
+class ACPSGD(base.Compressor):
+    """Alternate compressed PowerSGD: one all-reduce per step.
+
+    Zhang, Zhang, Shi, Chu and Li, "Evaluation and Optimization of Gradient
+    Compression for Distributed Deep Learning" (ICDCS 2023, arXiv
+    2306.08881); docs/algorithms.md, section "ACP-SGD". A tensor is viewed
+    as the matrix M of PowerSGD (prod(shape[:-1]), shape[-1]), rank r =
+    min(rank, rows, cols). Steps alternate:
+
+    * P step: Q = orth(last all-reduced Q); P = M Q is all-reduced;
+      the update is P_sum Q^T.
+    * Q step: P = orth(last all-reduced P); Q = M^T P is all-reduced;
+      the update is P Q_sum^T.
+
+    Only the fresh factor travels, in one all-reduce per bucket and step
+    (PowerSGD needs two dependent ones); with error feedback (the
+    optimizer's default) M includes the residual and what the local factor
+    missed stays in it. Both factors start from the same seeded normal draw
+    on every worker. Tensors with fewer than two dimensions, or where the
+    factors would not be smaller than the matrix, go dense in the same
+    buckets. The optimizer exchanges ACP-SGD's tensors in buckets of about
+    `bucket_bytes` of gradient, each its own all-reduce.
+
+    Bytes on the wire per worker: rows * r * itemsize on P steps, cols * r
+    * itemsize on Q steps (fp32 for 16-bit gradients).
+
+    Args:
+        rank: the rank r of the approximation.
+        warmup_steps: steps at the start that send every tensor dense.
+        bucket_bytes: gradient bytes per exchange bucket (25 MiB, as the
+            paper's system); None puts everything in one.
+        factor: the factor of the first compressed step, "p" or "q"
+            (`phases()` gives both, in turn).
+    """
+
+    collective = base.ALL_REDUCE
+
+    def __init__(
+        self,
+        rank: int = 4,
+        warmup_steps: int = 0,
+        bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+        factor: str = "p",
+    ):
+        self.rank = base.check_positive_int("rank", rank)
+        self.warmup_steps = base.check_positive_int(
+            "warmup_steps", warmup_steps, minimum=0
+        )
+        self.bucket_bytes = (
+            None
+            if bucket_bytes is None
+            else base.check_positive_int("bucket_bytes", bucket_bytes)
+        )
+        if factor not in FACTORS:
+            raise ValueError(
+                "`factor` (the factor this step computes and sends) must be "
+                f"'p' or 'q'. Received: factor={factor!r}"
+            )
+        self.factor = factor
+
+    def _rank(self, shape):
+        return effective_rank(shape, self.rank)
+
+    def should_compress(self, shape, dtype="float32", network=None):
+        del dtype, network
+        return low_rank_worthwhile(shape, self.rank)
+
+    def phases(self):
+        config = self.get_config()
+        return tuple(
+            ACPSGD(**{**config, "factor": factor}) for factor in FACTORS
+        )
+
+    def init_state(self, shape, dtype, key):
+        rows, cols = matrix_shape(shape)
+        r = self._rank(shape)
+        wire = compute_dtype(dtype)
+        seeds = tf.random.experimental.stateless_split(key, 2)
+        zero = tf.constant(0, tf.int64)
+        return ACPState(
+            tf.random.stateless_normal([rows, r], seed=seeds[0], dtype=wire),
+            tf.random.stateless_normal([cols, r], seed=seeds[1], dtype=wire),
+            zero,
+            zero,
+        )
+
+    def _matrix(self, x):
+        rows, cols = matrix_shape(x.shape)
+        return tf.reshape(tf.cast(x, compute_dtype(x.dtype)), [rows, cols])
+
+    def compress(self, x, state, key):
+        del key
+        m = self._matrix(x)
+        if self.factor == "p":
+            fixed = _orthonormal(state.q)
+            fresh = tf.matmul(m, fixed)
+        else:
+            fixed = _orthonormal(state.p)
+            fresh = tf.matmul(m, fixed, transpose_a=True)
+        return FactorPayload(fresh), _Context(x.shape, x.dtype, fixed, state)
+
+    def _expand(self, fresh, ctx):
+        if self.factor == "p":
+            approx = tf.matmul(fresh, ctx.fixed, transpose_b=True)
+        else:
+            approx = tf.matmul(ctx.fixed, fresh, transpose_b=True)
+        return tf.reshape(tf.cast(approx, ctx.dtype), ctx.shape)
+
+    def decompress(self, reduced, ctx):
+        state = ctx.state
+        if self.factor == "p":
+            state = state._replace(p=reduced.factor, p_steps=state.p_steps + 1)
+        else:
+            state = state._replace(q=reduced.factor, q_steps=state.q_steps + 1)
+        return self._expand(reduced.factor, ctx), state
+
+    def local_estimate(self, payload, ctx):
+        return self._expand(payload.factor, ctx)
+
+    def payload_bytes(self, shape, dtype):
+        rows, cols = matrix_shape(shape)
+        side = rows if self.factor == "p" else cols
+        return side * self._rank(shape) * compute_dtype(dtype).size
+
+    def get_config(self):
+        return {
+            "rank": self.rank,
+            "warmup_steps": self.warmup_steps,
+            "bucket_bytes": self.bucket_bytes,
+            "factor": self.factor,
+        }
