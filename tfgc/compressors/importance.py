@@ -80,7 +80,7 @@ class ImportancePruning(base.DensityCompressor):
             )
         self.epsilon = eps
 
-    def compress(self, x, state, key, info):
+    def compress(self, x, state, key, info=None):
         if info is None:
             raise ValueError(
                 "ImportancePruning reads the variable's value (importance is "
