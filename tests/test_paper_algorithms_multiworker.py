@@ -1,0 +1,469 @@
+"""MSTopK, RedSync and HiTopKComm in real worker processes against numpy.
+
+Two launches of tests/multiworker/paper_worker.py, shared by every test
+through module-scoped fixtures: 2 workers on 2 hosts (one worker each) and
+4 workers on 2 hosts of 2 (`tfgc.launch.run(..., hosts=2)`: loopback
+addresses 127.0.0.1 and 127.0.0.2). Every worker feeds its own
+heavy-tailed gradients; the test replays all workers' gradients through
+tests/numpy_reference.py and compares, step by step, the summed update,
+the variables, every worker's optimizer state (the selected entries are
+the zeros of the new residual / V) and the bytes reported by
+`compression_stats()`.
+"""
+
+import io
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tests import numpy_reference as ref
+from tfgc import launch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "multiworker", "paper_worker.py")
+pytestmark = pytest.mark.multiworker
+
+# As in tests/multiworker/paper_worker.py.
+LR = 0.1
+SEED = 3
+DENSITY = 0.02
+MSTOPK_ROUNDS = 4
+MOMENTUM = 0.9
+MIN_COMPRESS_SIZE = 500
+HIER_DENSE_THRESHOLD = 1000
+SHAPES = ((41, 50), (3001,), (7,), (33, 17))
+DENSE_BYTES = 4 * sum(int(np.prod(s)) for s in SHAPES)
+
+# Sums over workers may be added in another order by the collectives.
+TOTAL_TOL = dict(rtol=1e-5, atol=1e-6)
+# Each worker's own state is the same float32 arithmetic as numpy's.
+STATE_TOL = dict(rtol=1e-6, atol=1e-7)
+
+
+class Run:
+    """The results of one launch: one dict of arrays per worker."""
+
+    def __init__(self, num_workers, hosts, results):
+        self.num_workers = num_workers
+        self.hosts = hosts
+        self.results = results
+
+    def __repr__(self):
+        return f"Run({self.num_workers} workers, {self.hosts} hosts)"
+
+    def steps(self, name):
+        return json.loads(str(self.results[0][f"{name}/config"]))["steps"]
+
+    def grads(self, name):
+        """[worker][step][var] the gradients each worker fed."""
+        grads = [
+            [
+                [r[f"{name}/grads/{s}/{i}"] for i in range(len(SHAPES))]
+                for s in range(self.steps(name))
+            ]
+            for r in self.results
+        ]
+        # Different data on every worker (else a sum is p times one).
+        for other in grads[1:]:
+            assert not np.array_equal(other[0][0], grads[0][0][0])
+        return grads
+
+    def initial(self, name):
+        r = self.results[0]
+        return [r[f"{name}/initial/{i}"] for i in range(len(SHAPES))]
+
+    def state(self, worker, name, step, var):
+        r = self.results[worker]
+        count = int(r[f"{name}/num_states/{var}"])
+        return tuple(r[f"{name}/state/{step}/{var}/{j}"] for j in range(count))
+
+    def stats(self, worker, name, step):
+        """(sent, overhead, intra_host, dense) bytes of compression_stats()."""
+        return self.results[worker][f"{name}/stats/{step}"]
+
+
+def _launch(num_workers, hosts, out):
+    log = io.StringIO()
+    code = launch.run(
+        [sys.executable, WORKER, "--out", str(out)],
+        num_workers=num_workers,
+        hosts=hosts,
+        timeout=600,
+        env={"PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        output=log,
+    )
+    assert code == 0, log.getvalue()[-8000:]
+    results = [
+        dict(np.load(out / f"worker{i}.npz")) for i in range(num_workers)
+    ]
+    return Run(num_workers, hosts, results)
+
+
+@pytest.fixture(scope="module")
+def run2(tmp_path_factory):
+    """2 workers, one per host."""
+    return _launch(2, 2, tmp_path_factory.mktemp("paper2"))
+
+
+@pytest.fixture(scope="module")
+def run4(tmp_path_factory):
+    """4 workers, 2 hosts of 2."""
+    return _launch(4, 2, tmp_path_factory.mktemp("paper4"))
+
+
+@pytest.fixture(params=["run2", "run4"], ids=["2workers", "4workers"])
+def run(request):
+    return request.getfixturevalue(request.param)
+
+
+def _zeros(a):
+    return np.flatnonzero(np.asarray(a).reshape(-1) == 0)
+
+
+def assert_matches(run, name, expected, selection_state=-1):
+    """Every worker, step and variable against a reference trajectory.
+
+    `selection_state` is the state variable whose zeros are the entries a
+    worker sent (the residual; RedSync's V).
+    """
+    for s in range(run.steps(name)):
+        for i in range(len(SHAPES)):
+            where = f"{name} step {s} var {i}"
+            first = run.results[0]
+            for w, r in enumerate(run.results):
+                # Every worker applied the same update.
+                np.testing.assert_array_equal(
+                    r[f"{name}/totals/{s}/{i}"], first[f"{name}/totals/{s}/{i}"]
+                )
+                np.testing.assert_array_equal(
+                    r[f"{name}/weights/{s}/{i}"],
+                    first[f"{name}/weights/{s}/{i}"],
+                )
+                got = run.state(w, name, s, i)
+                want = expected.states[s][w][i]
+                assert len(got) == len(want), where
+                for g, e in zip(got, want):
+                    assert g.shape == e.shape, where
+                    np.testing.assert_allclose(
+                        g, e, **STATE_TOL, err_msg=f"{where} worker {w}"
+                    )
+                selected = expected.selected[s][w][i]
+                if selected is not None:
+                    # The sent entries are zero in the new state, exactly.
+                    zeros = _zeros(want[selection_state])
+                    assert np.isin(selected, zeros).all()
+                    np.testing.assert_array_equal(
+                        _zeros(got[selection_state]),
+                        zeros,
+                        err_msg=f"{where} worker {w}: selection",
+                    )
+            np.testing.assert_allclose(
+                first[f"{name}/totals/{s}/{i}"],
+                expected.totals[s][i],
+                **TOTAL_TOL,
+                err_msg=where,
+            )
+            np.testing.assert_allclose(
+                first[f"{name}/weights/{s}/{i}"],
+                expected.weights[s][i],
+                **TOTAL_TOL,
+                err_msg=where,
+            )
+
+
+def assert_bytes(run, name, expected):
+    for s in range(run.steps(name)):
+        for w in range(run.num_workers):
+            sent, _, intra, dense = run.stats(w, name, s)
+            assert sent == expected.sent_bytes[s][w], (name, s, w)
+            assert intra == expected.intra_host_bytes[s][w], (name, s, w)
+            assert dense == DENSE_BYTES
+
+
+def mstopk_reference(run, seed=SEED):
+    return ref.mstopk(
+        run.grads("mstopk"),
+        run.initial("mstopk"),
+        LR,
+        DENSITY,
+        rounds=MSTOPK_ROUNDS,
+        min_compress_size=MIN_COMPRESS_SIZE,
+        seed=seed,
+    )
+
+
+def assert_seed_matters(expected, other):
+    """Another seed selects other entries somewhere (MSTopK's band slice),
+    so the comparison with the workers checks the shared seed too."""
+    assert any(
+        a is not None and not np.array_equal(a, b)
+        for step, other_step in zip(expected.selected, other.selected)
+        for worker, other_worker in zip(step, other_step)
+        for a, b in zip(worker, other_worker)
+    )
+
+
+def redsync_reference(run, name, selection, warmup_steps=0):
+    return ref.redsync(
+        run.grads(name),
+        run.initial(name),
+        LR,
+        DENSITY,
+        momentum=MOMENTUM,
+        selection=selection,
+        rounds=20,
+        warmup_steps=warmup_steps,
+        min_compress_size=MIN_COMPRESS_SIZE,
+        seed=SEED,
+    )
+
+
+# --- 1. MSTopK ---------------------------------------------------------------
+
+
+def test_mstopk_matches_numpy(run):
+    expected = mstopk_reference(run)
+    plans = run.results[0]["mstopk/plans"]
+    # (7,) is below min_compress_size: summed dense.
+    assert list(plans) == ["ErrorFeedback"] * 2 + ["Identity", "ErrorFeedback"]
+    assert_seed_matters(expected, mstopk_reference(run, seed=SEED + 1))
+    assert_matches(run, "mstopk", expected)
+    assert_bytes(run, "mstopk", expected)
+    for w in range(run.num_workers):
+        assert run.stats(w, "mstopk", 0)[1] == 0  # fixed-size gathers
+
+
+# --- 2. RedSync --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("selection", ["threshold", "trimmed"])
+def test_redsync_matches_numpy(run, selection):
+    name = f"redsync_{selection}"
+    expected = redsync_reference(run, name, selection)
+    plans = list(run.results[0][f"{name}/plans"])
+    assert plans == ["RedSync", "RedSync", "MomentumDense", "RedSync"]
+    # States: (U, V) for RedSync, (U,) for the dense momentum path.
+    assert_matches(run, name, expected, selection_state=1)
+    for s in range(run.steps(name)):
+        for w in range(run.num_workers):
+            for i in (0, 1, 3):
+                u, v = run.state(w, name, s, i)
+                selected = expected.selected[s][w][i]
+                k = ref.num_selected(u.size, DENSITY)
+                if selection == "trimmed":
+                    assert selected.size == k
+                else:
+                    assert k < selected.size < 2 * k
+                # U is zeroed where V was sent.
+                assert (u.reshape(-1)[selected] == 0).all()
+                assert _zeros(v).size == selected.size
+    assert_bytes(run, name, expected)
+
+
+def test_redsync_threshold_counts_differ_between_workers(run):
+    """Unequal payloads: the ragged gather and its padding are exercised,
+    and sent_bytes is each worker's own count."""
+    name = "redsync_threshold"
+    ladder = run.results[0]["ladder"]
+    compressed = [0, 1, 3]
+    differ = False
+    for s in range(run.steps(name)):
+        counts = np.array(
+            [
+                [_zeros(run.state(w, name, s, i)[1]).size for i in compressed]
+                for w in range(run.num_workers)
+            ]
+        )
+        differ |= len({tuple(c) for c in counts}) > 1
+        # A header of one count per payload field, then values and indices.
+        words = 2 * len(compressed) + 2 * counts.sum(axis=1)
+        padded = ladder[np.searchsorted(ladder, words.max())]
+        for w in range(run.num_workers):
+            sent, overhead, _, _ = run.stats(w, name, s)
+            # Plus the (7,) tensor, sent dense.
+            assert sent == 8 * counts[w].sum() + 4 * np.prod(SHAPES[2])
+            assert overhead == 4 * padded + 4 - 8 * counts[w].sum()
+    assert differ
+
+
+def test_redsync_warmup_is_momentum_sgd_then_sparse(run):
+    name = "redsync_warmup"
+    warmup = 2
+    expected = redsync_reference(run, name, "threshold", warmup_steps=warmup)
+    assert_matches(run, name, expected, selection_state=1)
+    assert_bytes(run, name, expected)
+    dense = ref.momentum_sgd_totals(run.grads(name), MOMENTUM)
+    r = run.results[0]
+    for s in range(run.steps(name)):
+        sent = run.stats(0, name, s)[0]
+        if s < warmup:
+            for i in range(len(SHAPES)):
+                np.testing.assert_allclose(
+                    r[f"{name}/totals/{s}/{i}"], dense[s][i], **TOTAL_TOL
+                )
+            for w in range(run.num_workers):
+                for i in (0, 1, 3):
+                    assert not run.state(w, name, s, i)[1].any()  # V = 0
+            assert sent == DENSE_BYTES
+        else:
+            assert sent < DENSE_BYTES / 10
+            # Sparse now: no longer momentum SGD.
+            assert not np.allclose(
+                r[f"{name}/totals/{s}/0"], dense[s][0], **TOTAL_TOL
+            )
+
+
+# --- 4. The cost model decides the same everywhere ---------------------------
+
+
+def test_cost_model_decisions_agree_across_workers(run):
+    results = run.results
+    skewed = np.array([r["cost/skewed"] for r in results])
+    local = [r["cost/local_decisions"] for r in results]
+    # The skewed local numbers would split the workers (else this proves
+    # nothing): some tensor would go dense on one and sparse on another.
+    assert any(not np.array_equal(local[0], d) for d in local[1:])
+    assert len({tuple(s) for s in skewed}) == run.num_workers
+    first = results[0]
+    np.testing.assert_allclose(first["cost/agreed"], skewed.mean(axis=0))
+    for r in results[1:]:
+        np.testing.assert_array_equal(r["cost/agreed"], first["cost/agreed"])
+        np.testing.assert_array_equal(
+            r["cost/agreed_decisions"], first["cost/agreed_decisions"]
+        )
+    # The optimizer's own probe: one plan for every worker.
+    plans = first["cost/optimizer_plans"]
+    assert set(plans) <= {"RedSync", "MomentumDense"}
+    np.testing.assert_array_equal(
+        plans == "RedSync", first["cost/optimizer_replanned"]
+    )
+    for r in results[1:]:
+        np.testing.assert_array_equal(r["cost/optimizer_plans"], plans)
+        np.testing.assert_array_equal(
+            r["cost/optimizer_cost"], first["cost/optimizer_cost"]
+        )
+        np.testing.assert_array_equal(
+            r["cost/optimizer_weights"], first["cost/optimizer_weights"]
+        )
+
+
+# --- 5. HiTopKComm -----------------------------------------------------------
+
+
+def hierarchical_reference(run, name, hosts, dense_threshold, seed=SEED):
+    return ref.hierarchical_mstopk(
+        run.grads(name),
+        run.initial(name),
+        LR,
+        DENSITY,
+        hosts,
+        rounds=MSTOPK_ROUNDS,
+        dense_threshold=dense_threshold,
+        min_compress_size=MIN_COMPRESS_SIZE,
+        seed=seed,
+    )
+
+
+def test_hierarchical_two_hosts_of_two_matches_numpy(run4):
+    hosts = (0, 0, 1, 1)
+    for r in run4.results:
+        assert tuple(r["hosts"]) == hosts
+    expected = hierarchical_reference(run4, "hier", hosts, HIER_DENSE_THRESHOLD)
+    plans = list(run4.results[0]["hier/plans"])
+    assert plans == ["ErrorFeedback", "ErrorFeedback", "Identity", "Identity"]
+    # Residuals have the shard's shape: 21 of 41 rows, 1501 of 3001.
+    assert run4.state(0, "hier", 0, 0)[0].shape == (21, 50)
+    assert run4.state(3, "hier", 0, 1)[0].shape == (1501,)
+    other = hierarchical_reference(
+        run4, "hier", hosts, HIER_DENSE_THRESHOLD, seed=SEED + 1
+    )
+    assert_seed_matters(expected, other)
+    assert_matches(run4, "hier", expected)
+    assert_bytes(run4, "hier", expected)
+
+
+def test_hierarchical_sends_only_sparse_payloads_between_hosts(run4):
+    hosts = (0, 0, 1, 1)
+    sharded = [0, 1]  # (41, 50) and (3001,); (7,) and (33, 17) go dense
+    dense = [2, 3]
+    layout = [ref.shard_layout(SHAPES[i], 2) for i in sharded]
+    sparse_bytes = sum(
+        8 * ref.num_selected(size, DENSITY) for _, size in layout
+    )
+    dense_bytes = sum(4 * int(np.prod(SHAPES[i])) for i in dense)
+    full_bytes = [4 * int(np.prod(SHAPES[i])) for i in sharded]
+    for w, r in enumerate(run4.results):
+        assert int(r["hier/tracing_count"]) == 1
+        log = json.loads(str(r["hier/collectives"]))
+        cross = [c for c in log if len({hosts[m] for m in c["members"]}) > 1]
+        inside = [c for c in log if len({hosts[m] for m in c["members"]}) == 1]
+        peers = [m for m in range(4) if m % 2 == w % 2]
+        assert sorted((c["op"], c["members"], c["bytes"]) for c in cross) == [
+            ("all_gather", peers, sparse_bytes),  # k values + k int32 indices
+            ("all_reduce", [0, 1, 2, 3], dense_bytes),  # the small tensors
+        ]
+        assert max(c["bytes"] for c in cross) < min(full_bytes)
+        # The full gradients (as [2, shard] zero-padded blocks) are summed
+        # inside the host, and the shard totals gathered there.
+        host = [m for m in range(4) if hosts[m] == hosts[w]]
+        blocks = sum(2 * 4 * size for _, size in layout)
+        assert blocks >= sum(full_bytes)
+        assert sorted((c["op"], c["members"], c["bytes"]) for c in inside) == [
+            ("all_gather", host, sum(4 * size for _, size in layout)),
+            ("all_reduce", host, blocks),
+        ]
+        for s in range(run4.steps("hier")):
+            sent = run4.stats(w, "hier", s)[0]
+            assert sent == sum(c["bytes"] for c in cross)
+
+
+def test_hierarchical_one_worker_per_host_is_flat_mstopk(run2):
+    hosts = (0, 1)
+    for r in run2.results:
+        assert tuple(r["hosts"]) == hosts
+    expected = hierarchical_reference(run2, "hier_g1", hosts, MIN_COMPRESS_SIZE)
+    flat = mstopk_reference(run2)
+    # The references agree with each other, bit for bit ...
+    for s in range(run2.steps("hier_g1")):
+        for i in range(len(SHAPES)):
+            np.testing.assert_array_equal(
+                expected.totals[s][i], flat.totals[s][i]
+            )
+            for w in range(2):
+                for a, b in zip(expected.states[s][w][i], flat.states[s][w][i]):
+                    np.testing.assert_array_equal(a, b)
+    # ... and the workers with them, and with the flat run on the same data.
+    assert_matches(run2, "hier_g1", expected)
+    assert_bytes(run2, "hier_g1", expected)
+    for r in run2.results:
+        for s in range(run2.steps("hier_g1")):
+            for i in range(len(SHAPES)):
+                np.testing.assert_allclose(
+                    r[f"hier_g1/weights/{s}/{i}"],
+                    r[f"mstopk/weights/{s}/{i}"],
+                    **TOTAL_TOL,
+                )
+
+
+# --- 6. Bad layouts raise before any collective ------------------------------
+
+
+@pytest.mark.parametrize(
+    "layout, match",
+    [
+        ("g3", "`workers_per_host` must divide the number of workers (4)"),
+        ("g4", "workers_per_host=4 disagrees with the cluster spec"),
+    ],
+)
+def test_hierarchical_bad_layout_raises_on_every_worker(run4, layout, match):
+    for r in run4.results:
+        assert match in str(r[f"bad/{layout}/error"])
+        # Nothing communicated (no tfgc collective, no new variable, whose
+        # initial value tf.distribute would broadcast), nothing built.
+        assert int(r[f"bad/{layout}/collectives"]) == 0
+        assert int(r[f"bad/{layout}/new_variables"]) == 0
+        assert not bool(r[f"bad/{layout}/built"])
