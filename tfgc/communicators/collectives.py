@@ -150,6 +150,30 @@ class Group:
         gathered = self._gather(buffer, self._instance_keys(1))
         return tf.reshape(gathered, [self.size, -1])
 
+    def broadcast(self, buffer: tf.Tensor, root: tf.Tensor) -> tf.Tensor:
+        """The 1-D `buffer` of member `root` (a rank, the same on every
+        member, known only at run time); every member passes a buffer of
+        the same shape and dtype.
+
+        A collective instance remembers its source, so each possible root
+        has an instance key of its own.
+        """
+        if self.size == 1:
+            return buffer
+        common = self._common(self._instance_keys(self.size) + root)
+        del common["ordering_token"]  # the broadcast ops take none
+
+        def send():
+            return tf.raw_ops.CollectiveBcastSendV2(input=buffer, **common)
+
+        def receive():
+            return tf.raw_ops.CollectiveBcastRecvV2(
+                T=buffer.dtype, shape=tf.shape(buffer), **common
+            )
+
+        with tf.device(self.device):
+            return tf.cond(tf.equal(root, self.rank), send, receive)
+
     def all_gather_unequal(
         self, buffer: tf.Tensor
     ) -> tuple[tf.Tensor, tf.Tensor]:
