@@ -63,8 +63,10 @@ class RedSync(base.DensityCompressor):
     (U + V all-reduced, V emptied). With every tensor dense, RedSync is
     exactly momentum SGD.
 
-    Bytes on the wire per worker: at most (2k - 1) (itemsize + 4) with
-    threshold selection, k (itemsize + 4) with trimmed.
+    Bytes on the wire per worker: below 2k (itemsize + 4) with threshold
+    selection when a threshold is accepted (a lone huge outlier can make
+    the bisection too coarse for that, and the payload several times k;
+    docs/algorithms.md), k (itemsize + 4) with trimmed.
 
     Args:
         density: fraction of entries to send, in (0, 1] (k = ceil(density
@@ -210,6 +212,7 @@ class RedSync(base.DensityCompressor):
         return tf.reshape(dense, shape)
 
     def payload_bytes(self, shape, dtype):
+        # With threshold selection: the bound when a threshold is accepted.
         k = self.num_selected(shape)
         if self.selection == "threshold":
             k = max(2 * k - 1, k)
