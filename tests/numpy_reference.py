@@ -1,4 +1,5 @@
-"""numpy references of MSTopK, RedSync and HiTopKComm as tfgc runs them.
+"""numpy references of MSTopK, RedSync, HiTopKComm, SBC, importance-weighted
+pruning and ACP-SGD as tfgc runs them.
 
 numpy only (no TensorFlow): the multi-worker tests
 (tests/test_paper_algorithms_multiworker.py) replay every worker's
@@ -28,7 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from custom_ops.cuda_harness.numpy_oracle import np_select
+from custom_ops.cuda_harness.numpy_oracle import np_select, np_slice_start
 
 F32 = np.float32
 #: Bytes of one sparse entry on the wire: a float32 value and an int32 index.
@@ -395,4 +396,383 @@ def hierarchical_mstopk(
         out.selected.append(selected)
         out.sent_bytes.append(sent_bytes)
         out.intra_host_bytes.append(intra)
+    return out
+
+
+# --- SBC: binarized top-k of weight updates over `delay` local steps ---------
+
+_LN_PHI_MINUS_1 = math.log((math.sqrt(5.0) - 1.0) / 2.0)
+
+
+def golomb_b(k: int, n: int) -> int:
+    """SBC's Golomb-Rice parameter b* = 1 + floor(log2(ln(phi - 1) /
+    ln(1 - k/n))), clamped to [0, 31]; 0 for k = 0 or k = n."""
+    if k == 0 or k == n:
+        return 0
+    ratio = _LN_PHI_MINUS_1 / math.log1p(-k / n)
+    return sum(1 for t in range(31) if 2.0**t <= ratio)
+
+
+def golomb_encode(indices, b: int) -> tuple[np.ndarray, int]:
+    """(uint8 stream, number of bits) of increasing indices: gaps from -1,
+    each as gap >> b one bits, a zero bit, then gap's b low bits (most
+    significant first); bit i is bit 7 - i % 8 of byte i // 8."""
+    gaps = np.diff(np.concatenate([[-1], np.asarray(indices, np.int64)])) - 1
+    bits = []
+    for gap in gaps.tolist():
+        bits += [1] * (gap >> b) + [0]
+        bits += [(gap >> (b - 1 - j)) & 1 for j in range(b)]
+    return np.packbits(np.array(bits, np.uint8)), len(bits)
+
+
+def sbc_select(a, k: int, binarize: bool = True):
+    """(increasing indices, values sent there) of SBC for the flat update a.
+
+    Binarized: the k largest positive entries and the k most negative
+    ones; the side with the larger mean magnitude (ties: positive) is
+    kept, every kept position carrying its mean with its sign. Otherwise
+    the k largest |a| with their values.
+    """
+    a = np.asarray(a, F32).reshape(-1)
+    if not binarize:
+        idx = np.sort(np.argsort(-np.abs(a), kind="stable")[:k])
+        return idx, a[idx]
+
+    def side(v):
+        top = np.argsort(-v, kind="stable")[:k]
+        idx = np.sort(top[v[top] > 0])
+        mean = F32(v[idx].sum(dtype=F32) / F32(max(idx.size, 1)))
+        return idx, mean
+
+    pos, mu_pos = side(a)
+    neg, mu_neg = side(-a)
+    if mu_pos >= mu_neg:
+        return pos, np.full(pos.size, mu_pos, F32)
+    return neg, np.full(neg.size, -mu_neg, F32)
+
+
+class SBCTrajectory(NamedTuple):
+    """What the SBC reference computes for every step.
+
+    Attributes:
+        weights: [step][worker][var] every worker's variables after the
+            step (its own inside a round, the shared ones after it).
+        states: [step][worker][var] (residual,) or () for dense tensors.
+        round_end: [step] True where the step ended a round (exchanged).
+        totals: [step][var] at a round's end the sum over workers of the
+            sent updates, else None.
+        selected: [step][worker][var] increasing indices sent at a
+            round's end (None for dense tensors and inside a round).
+        values: [step][worker][var] the values sent there.
+        coded: [step][worker][var] (Golomb-Rice stream, bits) of the
+            positions.
+        sent_bytes: [step][worker] payload bytes (0 inside a round).
+    """
+
+    weights: list
+    states: list
+    round_end: list
+    totals: list
+    selected: list
+    values: list
+    coded: list
+    sent_bytes: list
+
+
+def sbc(
+    grads,
+    weights,
+    lr,
+    density,
+    delay=1,
+    binarize=True,
+    min_compress_size=1024,
+) -> SBCTrajectory:
+    """SBC(density, delay, binarize) with error feedback, inner SGD(lr).
+
+    Every step each worker takes a local SGD step with p times its
+    gradient, w_w -= (g * p) * lr, on its own weights. The last step of a
+    round (every `delay` steps): A = (w_w - w_start) + residual; tensors of
+    at least `min_compress_size` elements send `sbc_select(A, k)` and keep
+    A - sent as the residual, the others send A = w_w - w_start dense; every
+    worker continues from w_start + (sum of the sent) / p.
+    """
+    p, steps = _check(grads)
+    shapes = [np.shape(g) for g in grads[0][0]]
+    compressed = [int(np.prod(s)) >= min_compress_size for s in shapes]
+    residual = [
+        [np.zeros(s, F32) if c else None for s, c in zip(shapes, compressed)]
+        for _ in range(p)
+    ]
+    start = [np.asarray(w, F32) for w in weights]
+    local = [list(start) for _ in range(p)]
+    out = SBCTrajectory([], [], [], [], [], [], [], [])
+    for s in range(steps):
+        for w in range(p):
+            local[w] = [
+                (x - (np.asarray(g, F32) * F32(p)) * F32(lr)).astype(F32)
+                for x, g in zip(local[w], grads[w][s])
+            ]
+        end = (s + 1) % delay == 0
+        totals = [None] * len(shapes)
+        selected = [[None] * len(shapes) for _ in range(p)]
+        values = [[None] * len(shapes) for _ in range(p)]
+        coded = [[None] * len(shapes) for _ in range(p)]
+        sent_bytes = [0] * p
+        if end:
+            for i, shape in enumerate(shapes):
+                n = int(np.prod(shape))
+                sent = []
+                for w in range(p):
+                    update = local[w][i] - start[i]
+                    if not compressed[i]:
+                        sent.append(update)
+                        sent_bytes[w] += 4 * n
+                        continue
+                    acc = (update + residual[w][i]).reshape(-1)
+                    k = num_selected(n, density)
+                    idx, vals = sbc_select(acc, k, binarize)
+                    dense = sparse_sum(n, [(vals, idx)])
+                    residual[w][i] = (acc - dense).reshape(shape)
+                    sent.append(dense.reshape(shape))
+                    stream, bits = golomb_encode(idx, golomb_b(k, n))
+                    selected[w][i], values[w][i] = idx, vals
+                    coded[w][i] = (stream, bits)
+                    # The count, the value(s) (binarized: one, none for an
+                    # empty selection), the coded positions.
+                    num_values = min(idx.size, 1) if binarize else idx.size
+                    sent_bytes[w] += 4 + 4 * num_values + stream.size
+                totals[i] = worker_sum(sent)
+            start = [
+                (x + t / F32(p)).astype(F32) for x, t in zip(start, totals)
+            ]
+            local = [list(start) for _ in range(p)]
+        out.weights.append([list(lw) for lw in local])
+        out.states.append(
+            [[() if r is None else (r,) for r in residual[w]] for w in range(p)]
+        )
+        out.round_end.append(end)
+        out.totals.append(totals)
+        out.selected.append(selected)
+        out.values.append(values)
+        out.coded.append(coded)
+        out.sent_bytes.append(sent_bytes)
+    return out
+
+
+def dense_sgd(grads, weights, lr):
+    """[step][var] the variables of plain SGD on the summed gradients."""
+    p, steps = _check(grads)
+    out = []
+    for s in range(steps):
+        totals = [
+            worker_sum([grads[w][s][i] for w in range(p)])
+            for i in range(len(weights))
+        ]
+        weights = sgd(weights, totals, lr)
+        out.append(weights)
+    return out
+
+
+# --- Importance-weighted pruning ---------------------------------------------
+
+
+def importance_root(step: int, p: int) -> int:
+    """The root worker of a step: SplitMix64 of the step, in [0, p)."""
+    return np_slice_start(step, p - 1)
+
+
+def importance(
+    grads,
+    weights,
+    lr,
+    density,
+    epsilon=1e-8,
+    min_compress_size=1024,
+    roots=None,
+) -> Trajectory:
+    """ImportancePruning(density, epsilon) with error feedback.
+
+    acc = g + residual; the root of the step (`importance_root`, or
+    `roots[step]` when given) picks the
+    k entries of largest |acc| / (|w| + epsilon), w the variable before
+    the step; every worker sends acc there (the sum is the total) and
+    keeps acc with those entries zeroed. Smaller tensors are summed dense.
+    """
+    p, steps = _check(grads)
+    shapes = [np.shape(g) for g in grads[0][0]]
+    compressed = [int(np.prod(s)) >= min_compress_size for s in shapes]
+    residual = [
+        [np.zeros(s, F32) if c else None for s, c in zip(shapes, compressed)]
+        for _ in range(p)
+    ]
+    weights = [np.asarray(w, F32) for w in weights]
+    out = Trajectory([], [], [], [], [], [])
+    for s in range(steps):
+        root = importance_root(s, p) if roots is None else roots[s]
+        totals = []
+        states = [[] for _ in range(p)]
+        selected = [[] for _ in range(p)]
+        sent_bytes = [0] * p
+        for i, shape in enumerate(shapes):
+            n = int(np.prod(shape))
+            if not compressed[i]:
+                totals.append(worker_sum([grads[w][s][i] for w in range(p)]))
+                for w in range(p):
+                    states[w].append(())
+                    selected[w].append(None)
+                    sent_bytes[w] += 4 * n
+                continue
+            k = num_selected(n, density)
+            acc = [
+                (grads[w][s][i] + residual[w][i]).reshape(-1) for w in range(p)
+            ]
+            score = np.abs(acc[root]) / (
+                np.abs(weights[i].reshape(-1)) + F32(epsilon)
+            )
+            idx = np.sort(np.argsort(-score, kind="stable")[:k])
+            totals.append(
+                sparse_sum(n, [(a[idx], idx) for a in acc]).reshape(shape)
+            )
+            for w in range(p):
+                rest = acc[w].copy()
+                rest[idx] = 0
+                residual[w][i] = rest.reshape(shape)
+                states[w].append((residual[w][i],))
+                selected[w].append(idx)
+                sent_bytes[w] += (4 + 4) * k
+        weights = sgd(weights, totals, lr)
+        out.totals.append(totals)
+        out.weights.append(weights)
+        out.states.append(states)
+        out.selected.append(selected)
+        out.sent_bytes.append(sent_bytes)
+        out.intra_host_bytes.append([0] * p)
+    return out
+
+
+# --- ACP-SGD: PowerSGD's factors, one all-reduced per step -------------------
+
+
+def matrix_shape(shape) -> tuple[int, int]:
+    """(prod(shape[:-1]), shape[-1]): PowerSGD's matrix view."""
+    cols = int(shape[-1])
+    return int(np.prod(shape)) // max(cols, 1), cols
+
+
+def low_rank_worthwhile(shape, rank: int) -> bool:
+    """2+ dimensions, and rank-r factors smaller than the matrix."""
+    if len(shape) < 2:
+        return False
+    rows, cols = matrix_shape(shape)
+    return (rows + cols) * min(rank, rows, cols) < rows * cols
+
+
+def orthonormal(factor) -> np.ndarray:
+    """Q of the reduced QR (its columns' signs may differ from TF's)."""
+    return np.linalg.qr(np.asarray(factor, F32))[0].astype(F32)
+
+
+def acpsgd(
+    grads,
+    weights,
+    lr,
+    rank,
+    initial,
+    warmup_steps=0,
+    min_compress_size=1024,
+) -> Trajectory:
+    """ACPSGD(rank, warmup_steps) with error feedback, inner SGD(lr).
+
+    `initial[i]` is (P, Q), the initial factors of compressed tensor i
+    (TF's seeded normal draws, taken from the workers). The first
+    `warmup_steps` steps sum every tensor dense (states unchanged); then
+    P and Q steps alternate, starting with P. With C = M + E (M the
+    gradient as a (rows, cols) matrix, E the residual):
+
+    * P step: Qo = orth(Q); P_w = C Qo; P = sum P_w; the total is P Qo^T;
+      E = C - P_w Qo^T; the state's P is the sum, p_steps + 1.
+    * Q step: Po = orth(P); Q_w = C^T Po; Q = sum Q_w; the total is
+      Po Q^T; E = C - Po Q_w^T; the state's Q is the sum, q_steps + 1.
+
+    States, as `_plans[i].state_variables`: (E, P, Q, p_steps, q_steps)
+    for compressed tensors, () for dense ones. `selected` holds, per step,
+    worker and tensor, the local factor sent (None if dense).
+    """
+    p, steps = _check(grads)
+    shapes = [np.shape(g) for g in grads[0][0]]
+    compressed = [
+        int(np.prod(s)) >= min_compress_size and low_rank_worthwhile(s, rank)
+        for s in shapes
+    ]
+    residual = [
+        [np.zeros(s, F32) if c else None for s, c in zip(shapes, compressed)]
+        for _ in range(p)
+    ]
+    factors = [
+        [np.asarray(f, F32) for f in initial[i]] if c else None
+        for i, c in enumerate(compressed)
+    ]
+    counts = [[0, 0] for _ in shapes]
+    out = Trajectory([], [], [], [], [], [])
+    for s in range(steps):
+        warm = s < warmup_steps
+        phase = None if warm else (s - warmup_steps) % 2  # 0: P, 1: Q
+        totals = []
+        states = [[] for _ in range(p)]
+        selected = [[] for _ in range(p)]
+        sent_bytes = [0] * p
+        for i, shape in enumerate(shapes):
+            n = int(np.prod(shape))
+            if not compressed[i] or warm:
+                totals.append(worker_sum([grads[w][s][i] for w in range(p)]))
+                for w in range(p):
+                    sent_bytes[w] += 4 * n
+                    selected[w].append(None)
+            else:
+                rows, cols = matrix_shape(shape)
+                r = min(rank, rows, cols)
+                local = []
+                for w in range(p):
+                    c = (grads[w][s][i] + residual[w][i]).reshape(rows, cols)
+                    if phase == 0:
+                        fixed = orthonormal(factors[i][1])
+                        fresh = c @ fixed
+                        approx = fresh @ fixed.T
+                    else:
+                        fixed = orthonormal(factors[i][0])
+                        fresh = c.T @ fixed
+                        approx = fixed @ fresh.T
+                    residual[w][i] = (c - approx).reshape(shape)
+                    local.append(fresh)
+                    selected[w].append(fresh)
+                    sent_bytes[w] += 4 * r * (rows if phase == 0 else cols)
+                summed = worker_sum(local)
+                factors[i][phase] = summed
+                counts[i][phase] += 1
+                if phase == 0:
+                    total = summed @ fixed.T
+                else:
+                    total = fixed @ summed.T
+                totals.append(total.reshape(shape))
+            for w in range(p):
+                if compressed[i]:
+                    states[w].append(
+                        (
+                            residual[w][i],
+                            factors[i][0],
+                            factors[i][1],
+                            np.int64(counts[i][0]),
+                            np.int64(counts[i][1]),
+                        )
+                    )
+                else:
+                    states[w].append(())
+        weights = sgd(weights, totals, lr)
+        out.totals.append(totals)
+        out.weights.append(weights)
+        out.states.append(states)
+        out.selected.append(selected)
+        out.sent_bytes.append(sent_bytes)
+        out.intra_host_bytes.append([0] * p)
     return out

@@ -1,4 +1,5 @@
-"""MSTopK, RedSync and HiTopKComm in real worker processes against numpy.
+"""MSTopK, RedSync, HiTopKComm, SBC, importance-weighted pruning and
+ACP-SGD in real worker processes against numpy.
 
 Two launches of tests/multiworker/paper_worker.py, shared by every test
 through module-scoped fixtures: 2 workers on 2 hosts (one worker each) and
@@ -8,7 +9,9 @@ heavy-tailed gradients; the test replays all workers' gradients through
 tests/numpy_reference.py and compares, step by step, the summed update,
 the variables, every worker's optimizer state (the selected entries are
 the zeros of the new residual / V) and the bytes reported by
-`compression_stats()`.
+`compression_stats()`. What SBC, ImportancePruning and ACP-SGD compute
+inside a step (positions, values and coded bytes, the root, the local
+factors) comes from probes the workers write while the step runs.
 """
 
 import io
@@ -36,6 +39,14 @@ MOMENTUM = 0.9
 MIN_COMPRESS_SIZE = 500
 HIER_DENSE_THRESHOLD = 1000
 SHAPES = ((41, 50), (3001,), (7,), (33, 17))
+SBC_RUNS = {
+    "sbc": (dict(density=DENSITY, delay=1), 4, 5),
+    "sbc_delay3": (dict(density=DENSITY, delay=3), 6, 6),
+    "sbc_dense": (dict(density=1.0, delay=1, binarize=False), 3, 7),
+}
+SBC_ZEROS = ((0, 0, 3),)
+ACP_RANK = 3
+ACP_BUCKET_BYTES = 8000
 DENSE_BYTES = 4 * sum(int(np.prod(s)) for s in SHAPES)
 
 # Sums over workers may be added in another order by the collectives.
@@ -84,6 +95,13 @@ class Run:
     def stats(self, worker, name, step):
         """(sent, overhead, intra_host, dense) bytes of compression_stats()."""
         return self.results[worker][f"{name}/stats/{step}"]
+
+    def probe(self, worker, name, step, key):
+        """What a compressor wrote to probe `key` during the step."""
+        return self.results[worker][f"{name}/probe/{step}/{key}"]
+
+    def weights(self, worker, name, step, var):
+        return self.results[worker][f"{name}/weights/{step}/{var}"]
 
 
 def _launch(num_workers, hosts, out):
@@ -467,3 +485,438 @@ def test_hierarchical_bad_layout_raises_on_every_worker(run4, layout, match):
         assert int(r[f"bad/{layout}/collectives"]) == 0
         assert int(r[f"bad/{layout}/new_variables"]) == 0
         assert not bool(r[f"bad/{layout}/built"])
+
+
+# --- 7. SBC ------------------------------------------------------------------
+
+COMPRESSED = (0, 1, 3)  # (7,) is below min_compress_size: dense
+# TF sums the kept side for its mean in another order (an ulp of it); the
+# weights then differ by ulps after a round, and so do the next updates
+# (w_local - w_start) and residuals.
+SBC_TOL = dict(rtol=1e-6, atol=1e-5)
+
+
+def sbc_reference(run, name):
+    kwargs, steps, _ = SBC_RUNS[name]
+    assert run.steps(name) == steps
+    return ref.sbc(
+        run.grads(name),
+        run.initial(name),
+        LR,
+        kwargs["density"],
+        delay=kwargs["delay"],
+        binarize=kwargs.get("binarize", True),
+        min_compress_size=MIN_COMPRESS_SIZE,
+    )
+
+
+def sbc_sent(run, name, step, worker, var):
+    """(indices, values, the payload's values, coded stream) of a probe
+    (all empty where the probe was not written: count -1)."""
+    count = max(int(run.probe(worker, name, step, f"sbc/{var}/count")[0]), 0)
+    num_bytes = max(
+        int(run.probe(worker, name, step, f"sbc/{var}/num_bytes")[0]), 0
+    )
+    payload_values = run.probe(worker, name, step, f"sbc/{var}/payload_values")
+    return (
+        run.probe(worker, name, step, f"sbc/{var}/indices")[:count],
+        run.probe(worker, name, step, f"sbc/{var}/values")[:count],
+        payload_values[~np.isnan(payload_values)],
+        run.probe(worker, name, step, f"sbc/{var}/positions")[:num_bytes],
+    )
+
+
+@pytest.mark.parametrize("name", ["sbc", "sbc_delay3"])
+def test_sbc_matches_numpy(run, name):
+    """Same positions, sign and mean, Golomb stream, residuals and weights
+    as numpy, every worker, round and tensor."""
+    expected = sbc_reference(run, name)
+    delay = SBC_RUNS[name][0]["delay"]
+    p = run.num_workers
+    plans = list(run.results[0][f"{name}/plans"])
+    assert plans == [
+        "ErrorFeedback",
+        "ErrorFeedback",
+        "Identity",
+        "ErrorFeedback",
+    ]
+    grads = run.grads(name)
+    for s in range(run.steps(name)):
+        end = expected.round_end[s]
+        assert end == ((s + 1) % delay == 0)
+        start_step = s - s % delay - 1  # the step before the round began
+        for w, r in enumerate(run.results):
+            where = f"{name} step {s} worker {w}"
+            sent, _, intra, dense = run.stats(w, name, s)
+            assert sent == expected.sent_bytes[s][w], where
+            assert (intra, dense) == (0, DENSE_BYTES)
+            for i in range(len(SHAPES)):
+                # A local step takes p times the worker's own gradient.
+                np.testing.assert_array_equal(
+                    r[f"{name}/totals/{s}/{i}"], grads[w][s][i] * p
+                )
+                np.testing.assert_allclose(
+                    run.weights(w, name, s, i),
+                    expected.weights[s][w][i],
+                    **TOTAL_TOL,
+                    err_msg=f"{where} var {i}",
+                )
+                # The round started from the weights of the last round end.
+                start = (
+                    run.initial(name)[i]
+                    if start_step < 0
+                    else run.weights(0, name, start_step, i)
+                )
+                np.testing.assert_array_equal(
+                    r[f"{name}/round_start/{s}/{i}"], start
+                )
+            for i in COMPRESSED:
+                (got,) = run.state(w, name, s, i)
+                (want,) = expected.states[s][w][i]
+                np.testing.assert_allclose(
+                    got, want, **SBC_TOL, err_msg=f"{where} var {i}"
+                )
+                indices, values, payload_values, stream = sbc_sent(
+                    run, name, s, w, i
+                )
+                if not end:  # nothing compressed inside a round
+                    assert indices.size == 0 and stream.size == 0, where
+                    assert int(run.probe(w, name, s, f"sbc/{i}/count")[0]) == -1
+                    continue
+                np.testing.assert_array_equal(
+                    indices, expected.selected[s][w][i], err_msg=where
+                )
+                np.testing.assert_allclose(
+                    values, expected.values[s][w][i], **SBC_TOL, err_msg=where
+                )
+                # One sign, one magnitude: a single float travels.
+                assert len(set(values)) <= 1 and values.size == indices.size
+                np.testing.assert_array_equal(payload_values, values[:1])
+                # The positions' Golomb-Rice code, bit for bit.
+                want_stream, bits = expected.coded[s][w][i]
+                assert stream.size == -(-bits // 8)
+                np.testing.assert_array_equal(
+                    stream, want_stream, err_msg=where
+                )
+        for i in range(len(SHAPES)):
+            copies = [run.weights(w, name, s, i) for w in range(p)]
+            if end:  # every replica continues from the same weights
+                for c in copies[1:]:
+                    np.testing.assert_array_equal(c, copies[0])
+            else:  # each on its own inside a round
+                for c in copies[1:]:
+                    assert not np.array_equal(c, copies[0])
+        if not end:
+            continue
+        for i in COMPRESSED:
+            # Only the sent positions move, by (sum of the sent means) / p.
+            before = (
+                run.initial(name)[i]
+                if start_step < 0
+                else run.weights(0, name, start_step, i)
+            )
+            moved = np.flatnonzero(run.weights(0, name, s, i) != before)
+            union = np.unique(
+                np.concatenate([expected.selected[s][w][i] for w in range(p)])
+            )
+            np.testing.assert_array_equal(moved, union)
+            np.testing.assert_allclose(
+                run.weights(0, name, s, i).reshape(-1)[union]
+                - before.reshape(-1)[union],
+                expected.totals[s][i].reshape(-1)[union] / p,
+                **SBC_TOL,
+            )
+
+
+def test_sbc_keeps_one_sign_per_tensor_and_round(run):
+    """Exactly one sign per tensor and round; both signs occur; a worker
+    whose update is zero sends no position and no value."""
+    signs = set()
+    for name in ("sbc", "sbc_delay3"):
+        expected = sbc_reference(run, name)
+        for s in range(run.steps(name)):
+            if not expected.round_end[s]:
+                continue
+            for w in range(run.num_workers):
+                for i in COMPRESSED:
+                    indices, values, _, stream = sbc_sent(run, name, s, w, i)
+                    if (w, s, i) in SBC_ZEROS and name == "sbc":
+                        assert indices.size == 0 and stream.size == 0
+                        assert values.size == 0
+                        continue
+                    k = ref.num_selected(int(np.prod(SHAPES[i])), DENSITY)
+                    assert 0 < indices.size <= k
+                    assert np.unique(np.sign(values)).size == 1
+                    signs.add(float(np.sign(values[0])))
+    assert signs == {-1.0, 1.0}
+
+
+def test_sbc_density_one_unbinarized_is_dense_sgd(run):
+    name = "sbc_dense"
+    expected = sbc_reference(run, name)
+    dense = ref.dense_sgd(run.grads(name), run.initial(name), LR)
+    for s in range(run.steps(name)):
+        for i in range(len(SHAPES)):
+            for w in range(run.num_workers):
+                got = run.weights(w, name, s, i)
+                np.testing.assert_array_equal(got, run.weights(0, name, s, i))
+                np.testing.assert_allclose(got, dense[s][i], **TOTAL_TOL)
+                np.testing.assert_allclose(
+                    got, expected.weights[s][w][i], **TOTAL_TOL
+                )
+                if i in COMPRESSED:
+                    # Everything is sent, with its value: no residual.
+                    assert not run.state(w, name, s, i)[0].any()
+                    indices, values, _, _ = sbc_sent(run, name, s, w, i)
+                    assert indices.size == np.prod(SHAPES[i])
+                    np.testing.assert_array_equal(
+                        values, expected.values[s][w][i]
+                    )
+
+
+# --- 8. Importance-weighted pruning ------------------------------------------
+
+
+def importance_reference(run, roots=None):
+    return ref.importance(
+        run.grads("importance"),
+        run.initial("importance"),
+        LR,
+        DENSITY,
+        min_compress_size=MIN_COMPRESS_SIZE,
+        roots=roots,
+    )
+
+
+def test_importance_matches_numpy(run):
+    name = "importance"
+    p = run.num_workers
+    steps = run.steps(name)
+    roots = [ref.importance_root(s, p) for s in range(steps)]
+    assert len(set(roots)) > 1  # the root changes with the step
+    expected = importance_reference(run)
+    # Another worker as root would pick other positions.
+    other = importance_reference(run, roots=[(r + 1) % p for r in roots])
+    assert_seed_matters(expected, other)
+    plans = list(run.results[0][f"{name}/plans"])
+    assert plans == [
+        "ErrorFeedback",
+        "ErrorFeedback",
+        "Identity",
+        "ErrorFeedback",
+    ]
+    assert_matches(run, name, expected)
+    assert_bytes(run, name, expected)
+    for s in range(steps):
+        for w in range(p):
+            # Every worker drew the same root, numpy's.
+            assert int(run.probe(w, name, s, "importance/root")[0]) == roots[s]
+            for i in COMPRESSED:
+                agreed = run.probe(w, name, s, f"importance/{i}/agreed")
+                np.testing.assert_array_equal(
+                    agreed, expected.selected[s][w][i]
+                )
+                sent = run.probe(w, name, s, f"importance/{i}/sent")
+                if w == roots[s]:
+                    np.testing.assert_array_equal(sent, agreed)
+                else:
+                    assert not sent.any()  # the others send zeros
+        for i in COMPRESSED:
+            # Only the root's top-k positions are updated.
+            before = (
+                run.initial(name)[i]
+                if s == 0
+                else run.weights(0, name, s - 1, i)
+            )
+            moved = np.flatnonzero(run.weights(0, name, s, i) != before)
+            np.testing.assert_array_equal(moved, expected.selected[s][0][i])
+
+
+# --- 9. ACP-SGD --------------------------------------------------------------
+
+ACP_COMPRESSED = (0, 3)  # (3001,) is 1-D, (7,) is small: dense
+# Matrix products and QR in another order than numpy's (float32).
+ACP_TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+def acp_reference(run):
+    name = "acpsgd"
+    first = run.results[0]
+    initial = {
+        i: (
+            first[f"{name}/initial_state/{i}/1"],
+            first[f"{name}/initial_state/{i}/2"],
+        )
+        for i in ACP_COMPRESSED
+    }
+    return ref.acpsgd(
+        run.grads(name),
+        run.initial(name),
+        LR,
+        ACP_RANK,
+        [initial.get(i) for i in range(len(SHAPES))],
+        warmup_steps=1,
+        min_compress_size=MIN_COMPRESS_SIZE,
+    )
+
+
+def assert_close_up_to_column_signs(got, want, **tol):
+    """got == want with some columns negated (QR's sign convention)."""
+    signs = np.sign(np.sum(got * want, axis=0))
+    assert (signs != 0).all()
+    np.testing.assert_allclose(got, want * signs, **tol)
+
+
+def test_acpsgd_matches_numpy(run):
+    name = "acpsgd"
+    plans = list(run.results[0][f"{name}/plans"])
+    both = "ErrorFeedback+ErrorFeedback"  # the P and the Q phase
+    assert plans == [both, "Identity", "Identity", both]
+    for i in ACP_COMPRESSED:
+        # The same seeded factors everywhere, no residual yet.
+        start = [
+            [r[f"{name}/initial_state/{i}/{j}"] for j in range(5)]
+            for r in run.results
+        ]
+        for other in start[1:]:
+            for a, b in zip(other, start[0]):
+                np.testing.assert_array_equal(a, b)
+        assert not start[0][0].any()
+    expected = acp_reference(run)
+    assert_bytes(run, name, expected)
+    for s in range(run.steps(name)):
+        for i in range(len(SHAPES)):
+            where = f"{name} step {s} var {i}"
+            first = run.results[0]
+            for w, r in enumerate(run.results):
+                for key in ("totals", "weights"):
+                    np.testing.assert_array_equal(
+                        r[f"{name}/{key}/{s}/{i}"],
+                        first[f"{name}/{key}/{s}/{i}"],
+                    )
+                got = run.state(w, name, s, i)
+                want = expected.states[s][w][i]
+                assert len(got) == len(want), where
+                if not want:
+                    continue
+                residual, p_sum, q_sum, p_steps, q_steps = got
+                np.testing.assert_allclose(
+                    residual, want[0], **ACP_TOL, err_msg=f"{where} worker {w}"
+                )
+                assert_close_up_to_column_signs(p_sum, want[1], **ACP_TOL)
+                assert_close_up_to_column_signs(q_sum, want[2], **ACP_TOL)
+                assert (int(p_steps), int(q_steps)) == (want[3], want[4])
+            # The update is sign-invariant: P Qo^T or Po Q^T.
+            np.testing.assert_allclose(
+                first[f"{name}/totals/{s}/{i}"],
+                expected.totals[s][i],
+                **ACP_TOL,
+                err_msg=where,
+            )
+            np.testing.assert_allclose(
+                first[f"{name}/weights/{s}/{i}"],
+                expected.weights[s][i],
+                **ACP_TOL,
+                err_msg=where,
+            )
+
+
+def test_acpsgd_alternates_one_factor_per_step(run):
+    """Warm-up, then P, Q, P, Q: the counters, the factor that changes,
+    the bytes sent and the all-reduces traced (one per bucket)."""
+    name = "acpsgd"
+    grads = run.grads(name)
+    counters = [(0, 0), (1, 0), (1, 1), (2, 1), (2, 2)]
+    dense = [(3001,), (7,)]
+    dense_bytes = sum(4 * int(np.prod(s)) for s in dense)
+    for s in range(run.steps(name)):
+        for w, r in enumerate(run.results):
+            sent = run.stats(w, name, s)[0]
+            for i in ACP_COMPRESSED:
+                now = run.state(w, name, s, i)
+                before = (
+                    [r[f"{name}/initial_state/{i}/{j}"] for j in range(5)]
+                    if s == 0
+                    else run.state(w, name, s - 1, i)
+                )
+                assert (int(now[3]), int(now[4])) == counters[s]
+                changed = [
+                    not np.array_equal(a, b) for a, b in zip(now, before)
+                ]
+                if s == 0:  # dense warm-up: the state waits
+                    assert changed == [False] * 5
+                    np.testing.assert_allclose(
+                        r[f"{name}/totals/{s}/{i}"],
+                        ref.worker_sum([g[s][i] for g in grads]),
+                        **TOTAL_TOL,
+                    )
+                elif s % 2 == 1:  # P step
+                    assert changed == [True, True, False, True, False]
+                else:  # Q step
+                    assert changed == [True, False, True, False, True]
+            factor_bytes = sum(
+                4 * ACP_RANK * ref.matrix_shape(SHAPES[i])[(s + 1) % 2]
+                for i in ACP_COMPRESSED
+            )
+            if s == 0:
+                assert sent == DENSE_BYTES
+            else:  # only P's or only Q's size, plus the dense tensors
+                assert sent == factor_bytes + dense_bytes
+    # One trace: warm-up (everything in one all-reduce), then per phase one
+    # all-reduce per bucket: [(33, 17), (7,)], [(3001,)], [(41, 50)].
+    log = json.loads(str(run.results[0][f"{name}/collectives"]))
+    assert int(run.results[0][f"{name}/tracing_count"]) == 1
+
+    def factor(i, side):
+        return 4 * ACP_RANK * ref.matrix_shape(SHAPES[i])[side]
+
+    buckets = {
+        side: sorted([factor(3, side) + 28, 4 * 3001, factor(0, side)])
+        for side in (0, 1)
+    }
+    assert all(c["op"] == "all_reduce" for c in log)
+    assert sorted(c["bytes"] for c in log) == sorted(
+        [DENSE_BYTES] + buckets[0] + buckets[1]
+    )
+
+
+def test_acpsgd_factor_of_the_sum_is_the_sum_of_the_factors(run):
+    """Through the real all-reduce: the summed factor equals the sum of
+    the local ones, which is the summed input times the orthonormalised
+    last factor (reduced QR, checked with numpy's)."""
+    name = "acpsgd"
+    grads = run.grads(name)
+    for s in range(1, run.steps(name)):
+        factor, j = ("p", 1) if s % 2 == 1 else ("q", 2)
+        for i in ACP_COMPRESSED:
+            rows, cols = ref.matrix_shape(SHAPES[i])
+            side = rows if factor == "p" else cols
+            local = [
+                run.probe(w, name, s, f"acp/{i}/{factor}").reshape(
+                    side, ACP_RANK
+                )
+                for w in range(run.num_workers)
+            ]
+            summed = run.state(0, name, s, i)[j]
+            np.testing.assert_allclose(ref.worker_sum(local), summed, **ACP_TOL)
+            # The fixed factor: orth(the other factor's last all-reduce).
+            fixed = run.probe(0, name, s, f"acp/{i}/fixed_{factor}")
+            fixed = fixed.reshape(-1, ACP_RANK)
+            last = run.state(0, name, s - 1, i)[3 - j]
+            np.testing.assert_allclose(
+                fixed.T @ fixed, np.eye(ACP_RANK), atol=1e-5
+            )
+            assert_close_up_to_column_signs(
+                fixed, ref.orthonormal(last), **ACP_TOL
+            )
+            # Linearity: the factor of the summed input (gradient plus the
+            # residual each worker kept).
+            inputs = [
+                (grads[w][s][i] + run.state(w, name, s - 1, i)[0]).reshape(
+                    rows, cols
+                )
+                for w in range(run.num_workers)
+            ]
+            total = ref.worker_sum(inputs)
+            of_sum = total @ fixed if factor == "p" else total.T @ fixed
+            np.testing.assert_allclose(summed, of_sum, **ACP_TOL)

@@ -75,6 +75,20 @@ def test_sbc_keeps_one_sign_with_its_mean(seed):
     assert len(signs) == 1
 
 
+def test_sbc_a_worker_with_a_zero_update_sends_nothing():
+    c = compressors.SBC(density=0.01)
+    zero, ctx0 = c.compress(tf.zeros([500]), (), _key(0, 0))
+    assert zero.count.numpy().tolist() == [0]
+    assert zero.values.shape[0] == 0 and zero.positions.shape[0] == 0
+    other, _ = c.compress(tf.constant(_heavy((500,), 1)), (), _key(0, 0))
+    gathered = tf.nest.map_structure(
+        lambda a, b: tf.ragged.stack([a, b]), zero, other
+    )
+    total, _ = c.decompress(gathered, ctx0)
+    alone, _ = c.decompress(_gathered(other), ctx0)
+    np.testing.assert_array_equal(total.numpy(), alone.numpy())
+
+
 def test_sbc_positions_are_golomb_coded_at_the_papers_rate():
     n, density = 200_000, 0.01
     a = _heavy((n,), 5)

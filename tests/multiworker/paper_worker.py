@@ -12,7 +12,10 @@ tests/numpy_reference.py.
 
 Every `tfgc.communicators.collectives.Group` collective is recorded when
 it is called (at trace time): the group's members, the buffer's static
-byte size and dtype (see `record_collectives`).
+byte size and dtype (see `record_collectives`). What SBC, ImportancePruning
+and ACP-SGD compute inside a step (positions, values, coded bytes, the
+root, the local factors) is written to probe variables while the step runs
+and saved after it (see `record_compressors`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ import tensorflow as tf
 import tfgc
 from tfgc.communicators import collectives, probe
 from tfgc.communicators import topology as topology_lib
-from tfgc.compressors import MSTopK, Network, RedSync
+from tfgc.compressors import (
+    ACPSGD,
+    SBC,
+    ImportancePruning,
+    MSTopK,
+    Network,
+    RedSync,
+    importance,
+)
 
 STEPS = 5
 LR = 0.1
@@ -48,6 +59,8 @@ MIN_COMPRESS_SIZE = 500
 # one (dense_threshold 1000).
 SHAPES = ((41, 50), (3001,), (7,), (33, 17))
 HIER_DENSE_THRESHOLD = 1000
+ACP_RANK = 3
+ACP_BUCKET_BYTES = 8000
 
 # --- recording the collectives -----------------------------------------------
 
@@ -88,6 +101,99 @@ def record_collectives() -> None:
         wrap(name)
 
 
+# --- probes: what a compressor computed inside a step ------------------------
+
+#: name -> (variable, its initial value); written by the patched compressor
+#: methods while a step runs (when the name is there), read after the step.
+PROBES: dict[str, tuple[tf.Variable, np.ndarray]] = {}
+
+
+def set_probes(specs) -> None:
+    """New probe variables, {name: (size, dtype, fill)}, outside any
+    strategy scope: plain local variables of this worker."""
+    PROBES.clear()
+    for name, (size, dtype, fill) in specs.items():
+        value = np.full([size], fill, dtype)
+        PROBES[name] = (tf.Variable(value, trainable=False), value)
+
+
+def reset_probes() -> None:
+    for variable, value in PROBES.values():
+        variable.assign(value)
+
+
+def write_probe(name: str, tensor) -> None:
+    """Writes the flattened tensor at the start of probe `name`."""
+    if name not in PROBES:
+        return
+    variable, value = PROBES[name]
+    flat = tf.cast(tf.reshape(tensor, [-1]), variable.dtype)
+    pad = tf.fill([value.size - tf.size(flat)], tf.constant(value[0]))
+    variable.assign(tf.concat([flat, pad], 0))
+
+
+def var_index(shape) -> int:
+    return SHAPES.index(tuple(shape))
+
+
+def record_compressors() -> None:
+    """Wraps SBC.compress, ImportancePruning.compress / next_round, the
+    root draw and ACPSGD.compress so that they write probes."""
+    sbc_compress = SBC.compress
+
+    def sbc_recorded(self, x, state, key):
+        payload, ctx = sbc_compress(self, x, state, key)
+        i = var_index(x.shape)
+        write_probe(f"sbc/{i}/indices", ctx.indices)
+        write_probe(f"sbc/{i}/values", ctx.values)
+        write_probe(f"sbc/{i}/count", payload.count)
+        write_probe(f"sbc/{i}/payload_values", payload.values)
+        write_probe(f"sbc/{i}/positions", payload.positions)
+        write_probe(f"sbc/{i}/num_bytes", tf.size(payload.positions))
+        return payload, ctx
+
+    SBC.compress = sbc_recorded
+
+    root_worker = importance.root_worker
+
+    def root_recorded(step, num_peers):
+        root = root_worker(step, num_peers)
+        write_probe("importance/root", root)
+        return root
+
+    importance.root_worker = root_recorded
+
+    importance_compress = ImportancePruning.compress
+
+    def importance_recorded(self, x, state, key, info=None):
+        payload, ctx = importance_compress(self, x, state, key, info)
+        write_probe(f"importance/{var_index(x.shape)}/sent", payload.indices)
+        return payload, ctx
+
+    ImportancePruning.compress = importance_recorded
+
+    importance_next = ImportancePruning.next_round
+
+    def importance_next_recorded(self, reduced, ctx):
+        write_probe(
+            f"importance/{var_index(ctx.shape)}/agreed", reduced.indices
+        )
+        return importance_next(self, reduced, ctx)
+
+    ImportancePruning.next_round = importance_next_recorded
+
+    acp_compress = ACPSGD.compress
+
+    def acp_recorded(self, x, state, key):
+        payload, ctx = acp_compress(self, x, state, key)
+        i = var_index(x.shape)
+        write_probe(f"acp/{i}/{self.factor}", payload.factor)
+        write_probe(f"acp/{i}/fixed_{self.factor}", ctx.fixed)
+        return payload, ctx
+
+    ACPSGD.compress = acp_recorded
+
+
 # --- data --------------------------------------------------------------------
 
 
@@ -111,16 +217,28 @@ def cost_fields(cost) -> np.ndarray:
 
 def compressor_name(plan) -> str:
     """Type name of the compressor a variable's gradient goes through after
-    the warm-up (its only phase for MSTopK and RedSync)."""
-    (compressor,) = plan.phases
-    return type(compressor).__name__
+    the warm-up (its only phase for MSTopK and RedSync; "+"-joined phases:
+    ACP-SGD's P and Q steps)."""
+    return "+".join(type(c).__name__ for c in plan.phases)
 
 
 # --- one training run --------------------------------------------------------
 
 
-def train(strategy, task, results, name, make_optimizer, data_seed):
-    """STEPS steps of `make_optimizer()` on SHAPES; records under `name/`."""
+def train(
+    strategy,
+    task,
+    results,
+    name,
+    make_optimizer,
+    data_seed,
+    steps=STEPS,
+    zeros=(),
+):
+    """`steps` steps of `make_optimizer()` on SHAPES; records under `name/`.
+
+    `zeros`: (task, step, var) whose gradient is all zeros.
+    """
     with strategy.scope():
         variables = [
             keras.Variable(w, name=f"{name}_v{i}")
@@ -129,7 +247,7 @@ def train(strategy, task, results, name, make_optimizer, data_seed):
         opt = make_optimizer()
         opt.build(variables)
 
-    # The summed gradients the inner optimizer applies.
+    # The gradients the inner optimizer applies (summed, or SBC's local).
     summed = []
     inner_apply = opt.inner_optimizer.apply
 
@@ -139,7 +257,10 @@ def train(strategy, task, results, name, make_optimizer, data_seed):
 
     opt.inner_optimizer.apply = apply_and_record
 
-    @tf.function
+    # Without autograph: tfgc uses explicit tf.cond / tf.switch_case, and
+    # converting the library's code took most of each scenario's time
+    # (model.fit's autograph path is tested in tests/multiworker/).
+    @tf.function(autograph=False)
     def step(grads):
         def replica_fn(grads):
             opt.apply(list(grads), variables)
@@ -154,8 +275,15 @@ def train(strategy, task, results, name, make_optimizer, data_seed):
     )
     for i, w in enumerate(initial_weights()):
         results[f"{name}/initial/{i}"] = w
-    for s in range(STEPS):
+        for j, v in enumerate(opt._plans[i].state_variables):
+            results[f"{name}/initial_state/{i}/{j}"] = v.numpy()
+    for s in range(steps):
         grads = [gradient(data_seed, task, s, i) for i in range(len(SHAPES))]
+        grads = [
+            np.zeros_like(g) if (task, s, i) in zeros else g
+            for i, g in enumerate(grads)
+        ]
+        reset_probes()
         totals = step([tf.constant(g) for g in grads])
         for i, g in enumerate(grads):
             results[f"{name}/grads/{s}/{i}"] = g
@@ -166,6 +294,12 @@ def train(strategy, task, results, name, make_optimizer, data_seed):
             results[f"{name}/num_states/{i}"] = np.array(
                 len(opt._plans[i].state_variables)
             )
+            if opt._plans[i].round_start is not None:
+                results[f"{name}/round_start/{s}/{i}"] = opt._plans[
+                    i
+                ].round_start.numpy()
+        for key, (variable, _) in PROBES.items():
+            results[f"{name}/probe/{s}/{key}"] = variable.numpy()
         stats = opt.compression_stats()
         results[f"{name}/stats/{s}"] = np.array(
             [
@@ -175,6 +309,7 @@ def train(strategy, task, results, name, make_optimizer, data_seed):
                 stats["dense_bytes"],
             ]
         )
+    PROBES.clear()
     results[f"{name}/tracing_count"] = np.array(
         step.experimental_get_tracing_count()
     )
@@ -182,7 +317,7 @@ def train(strategy, task, results, name, make_optimizer, data_seed):
         json.dumps(COLLECTIVE_LOG[log_start:])
     )
     results[f"{name}/config"] = np.array(
-        json.dumps({"data_seed": data_seed, "steps": STEPS, "lr": LR})
+        json.dumps({"data_seed": data_seed, "steps": steps, "lr": LR})
     )
 
 
@@ -345,7 +480,7 @@ def cost_model_agreement(strategy, task, results):
         ]
     )
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(grads):
         strategy.run(lambda g: opt.apply(list(g), variables), args=(grads,))
 
@@ -386,12 +521,100 @@ def bad_setups(strategy, task, results):
         results[f"bad/{name}/built"] = np.array(bool(opt.built))
 
 
+# --- SBC, importance-weighted pruning, ACP-SGD -------------------------------
+
+SBC_RUNS = {
+    # name: (SBC arguments, steps, data seed)
+    "sbc": (dict(density=DENSITY, delay=1), 4, 5),
+    "sbc_delay3": (dict(density=DENSITY, delay=3), 6, 6),
+    "sbc_dense": (dict(density=1.0, delay=1, binarize=False), 3, 7),
+}
+#: (task, step, var): SBC's delay-1 run gives worker 0 a zero gradient for
+#: (33, 17) at step 0, so its update (and residual) is zero: it sends no
+#: position and no value.
+SBC_ZEROS = ((0, 0, 3),)
+
+
+def sbc_runs(strategy, task, results):
+    for name, (kwargs, steps, data_seed) in SBC_RUNS.items():
+        specs = {}
+        for i in (0, 1, 3):  # the compressed tensors
+            n = int(np.prod(SHAPES[i]))
+            specs.update(
+                {
+                    f"sbc/{i}/indices": (n, np.int32, -1),
+                    f"sbc/{i}/values": (n, np.float32, np.nan),
+                    f"sbc/{i}/payload_values": (n, np.float32, np.nan),
+                    f"sbc/{i}/count": (1, np.int32, -1),
+                    f"sbc/{i}/positions": (n, np.uint8, 0),
+                    f"sbc/{i}/num_bytes": (1, np.int32, -1),
+                }
+            )
+        set_probes(specs)
+        train(
+            strategy,
+            task,
+            results,
+            name,
+            optimizer(lambda kwargs=kwargs: SBC(**kwargs)),
+            data_seed=data_seed,
+            steps=steps,
+            zeros=SBC_ZEROS if name == "sbc" else (),
+        )
+
+
+def importance_run(strategy, task, results):
+    specs = {"importance/root": (1, np.int32, -1)}
+    for i in (0, 1, 3):
+        k = int(np.ceil(DENSITY * np.prod(SHAPES[i])))
+        specs[f"importance/{i}/sent"] = (k, np.int32, -1)
+        specs[f"importance/{i}/agreed"] = (k, np.int32, -1)
+    set_probes(specs)
+    train(
+        strategy,
+        task,
+        results,
+        "importance",
+        optimizer(lambda: ImportancePruning(DENSITY)),
+        data_seed=8,
+    )
+
+
+def acpsgd_run(strategy, task, results):
+    """Rank 3, one warm-up step, then P, Q, P, Q; buckets of 8000 bytes:
+    [(33, 17), (7,)], [(3001,)], [(41, 50)]."""
+    specs = {}
+    for i in (0, 3):
+        rows, cols = int(np.prod(SHAPES[i][:-1])), SHAPES[i][-1]
+        for factor, side in (("p", rows), ("q", cols)):
+            specs[f"acp/{i}/{factor}"] = (side * ACP_RANK, np.float32, np.nan)
+            specs[f"acp/{i}/fixed_{factor}"] = (
+                (cols if factor == "p" else rows) * ACP_RANK,
+                np.float32,
+                np.nan,
+            )
+    set_probes(specs)
+    train(
+        strategy,
+        task,
+        results,
+        "acpsgd",
+        optimizer(
+            lambda: ACPSGD(
+                rank=ACP_RANK, warmup_steps=1, bucket_bytes=ACP_BUCKET_BYTES
+            )
+        ),
+        data_seed=9,
+    )
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
     record_collectives()
+    record_compressors()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     task = strategy.cluster_resolver.task_id
     p = strategy.num_replicas_in_sync
@@ -404,6 +627,7 @@ def main():
     }
 
     scenarios = [mstopk_flat, redsync_flat, redsync_warmup]
+    scenarios += [sbc_runs, importance_run, acpsgd_run]
     if topology.num_hosts == p:  # one worker per host
         scenarios.append(hierarchical_one_per_host)
     else:

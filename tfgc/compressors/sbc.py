@@ -123,7 +123,9 @@ class SBC(base.DensityCompressor):
             count = reduced.count[w][0]
             indices.append(ops.golomb_decode(reduced.positions[w], count, b, n))
             row = reduced.values[w]
-            values.append(tf.fill([count], row[0]) if self.binarize else row)
+            # row[:1]: a worker whose update is all zero sends no value.
+            mu = tf.reduce_sum(row[:1])
+            values.append(tf.fill([count], mu) if self.binarize else row)
         total = _sparse.scatter_sum(
             tf.concat(values, 0), tf.concat(indices, 0), n, ctx.dtype
         )
