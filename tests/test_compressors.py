@@ -46,21 +46,23 @@ def local_step(compressor, x, state, key):
         extra = (StepInfo(tf.ones_like(x), 0, 1),)
     payload, ctx = compressor.compress(x, state, key, *extra)
     payloads = [payload]
-    for _ in range(compressor.rounds - 1):
+    kinds = compressor.collectives()
+    for r in range(compressor.rounds - 1):
         payload, ctx = compressor.next_round(
-            _as_received(compressor, payload), ctx
+            _as_received(kinds[r], payload), ctx
         )
         payloads.append(payload)
     total, new_state = compressor.decompress(
-        _as_received(compressor, payload), ctx
+        _as_received(kinds[-1], payload), ctx
     )
     return total, new_state, payloads, ctx
 
 
-def _as_received(compressor, payload):
-    if compressor.collective == ALL_GATHER:
+def _as_received(collective, payload):
+    """One worker's payload as its collective delivers it."""
+    if collective == ALL_GATHER:
         return tf.nest.map_structure(lambda t: t[None], payload)
-    if compressor.collective == ALL_GATHER_RAGGED:
+    if collective == ALL_GATHER_RAGGED:
         return tf.nest.map_structure(
             lambda t: tf.RaggedTensor.from_tensor(t[None]), payload
         )

@@ -167,7 +167,9 @@ def record_compressors() -> None:
 
     def importance_recorded(self, x, state, key, info=None):
         payload, ctx = importance_compress(self, x, state, key, info)
-        write_probe(f"importance/{var_index(x.shape)}/sent", payload.indices)
+        i = var_index(x.shape)
+        write_probe(f"importance/{i}/sent", payload.indices)
+        write_probe(f"importance/{i}/payload_root", payload.root[None])
         return payload, ctx
 
     ImportancePruning.compress = importance_recorded
@@ -569,6 +571,7 @@ def importance_run(strategy, task, results):
         k = int(np.ceil(DENSITY * np.prod(SHAPES[i])))
         specs[f"importance/{i}/sent"] = (k, np.int32, -1)
         specs[f"importance/{i}/agreed"] = (k, np.int32, -1)
+        specs[f"importance/{i}/payload_root"] = (1, np.int32, -1)
     set_probes(specs)
     train(
         strategy,

@@ -9,7 +9,13 @@ import tensorflow as tf
 from tfgc.communicators import exchange, fusion
 from tfgc.communicators import topology as topology_lib
 from tfgc.communicators.collectives import Group
-from tfgc.compressors.base import ALL_GATHER, ALL_GATHER_RAGGED, ALL_REDUCE
+from tfgc.compressors.base import (
+    ALL_GATHER,
+    ALL_GATHER_RAGGED,
+    ALL_REDUCE,
+    BROADCAST,
+    ROOT_FIELD,
+)
 
 _Options = tf.distribute.experimental.CommunicationOptions
 _Implementation = tf.distribute.experimental.CommunicationImplementation
@@ -79,7 +85,12 @@ class Communicator:
     #: The collective that carries linear payloads.
     linear_via: str = ALL_REDUCE
     #: The payload kinds this communicator can carry.
-    supported: tuple[str, ...] = (ALL_REDUCE, ALL_GATHER, ALL_GATHER_RAGGED)
+    supported: tuple[str, ...] = (
+        ALL_REDUCE,
+        ALL_GATHER,
+        ALL_GATHER_RAGGED,
+        BROADCAST,
+    )
 
     def __init__(self, options: _Options | None = None):
         if options is not None and not isinstance(options, _OPTIONS_TYPE):
@@ -163,8 +174,8 @@ class Communicator:
         group: Group | None = None,
     ) -> tuple[list, tf.Tensor]:
         """One round: per payload, the sum (linear), the stack (fixed-size
-        gathers) or ragged rows (unequal gathers), over `group` (default:
-        all replicas).
+        gathers), ragged rows (unequal gathers) or the root's payload
+        (broadcasts), over `group` (default: all replicas).
 
         Returns:
             (received, overhead): the payloads as received, and the int64
@@ -184,7 +195,9 @@ class Communicator:
         slots: dict[str, list[tuple[int, int]]] = {}
         for i, route in enumerate(routes):
             slots.setdefault(route, []).extend(
-                (i, j) for j in range(len(flat[i]))
+                (i, j)
+                for j, name in enumerate(payloads[i]._fields)
+                if not (route == BROADCAST and name == ROOT_FIELD)
             )
         received = [list(f) for f in flat]
         overhead = exchange.zero_bytes()
@@ -194,6 +207,10 @@ class Communicator:
                 results = fusion.all_reduce_sum(tensors, group)
             elif route == ALL_GATHER:
                 results = fusion.all_gather(tensors, group)
+            elif route == BROADCAST:
+                results = fusion.broadcast(
+                    tensors, group, _one_root(payloads, routes)
+                )
             else:
                 results, extra = fusion.all_gather_ragged(tensors, group)
                 overhead += extra
@@ -223,6 +240,25 @@ class Communicator:
         return f"{type(self).__name__}({args})"
 
 
+def _one_root(payloads, routes) -> tf.Tensor:
+    """The root of a round's broadcasts, which they must share (checked)."""
+    roots = [
+        getattr(p, ROOT_FIELD)
+        for p, r in zip(payloads, routes)
+        if r == BROADCAST
+    ]
+    checks = [
+        tf.debugging.assert_equal(
+            root,
+            roots[0],
+            message="The broadcasts of one round must share their root.",
+        )
+        for root in roots[1:]
+    ]
+    with tf.control_dependencies(checks):
+        return tf.identity(tf.cast(roots[0], tf.int32))
+
+
 class Auto(Communicator):
     """All-reduce for linear payloads, all-gather for the rest; both fused."""
 
@@ -238,7 +274,7 @@ class AllReduce(Communicator):
 
 
 class AllGather(Communicator):
-    """Only all-gather: linear payloads are gathered and summed locally."""
+    """All-gather for linear payloads too (gathered, summed locally)."""
 
     name = "allgather"
     linear_via = ALL_GATHER

@@ -131,7 +131,7 @@ def run_rounds(
                 sent += payload_nbytes(payloads[i])
             received, extra = carry(
                 [payloads[i] for i in pending],
-                [compressors[i].collective for i in pending],
+                [compressors[i].collectives()[round_index] for i in pending],
             )
             overhead += extra
             still_pending = []

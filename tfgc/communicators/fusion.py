@@ -94,6 +94,17 @@ def _decode_words(words: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     return tf.reshape(tf.bitcast(words, dtype), [-1])
 
 
+def broadcast(tensors, group: Group, root: tf.Tensor):
+    """Each tensor of member `root` (an int32 scalar, the same everywhere);
+    one broadcast per wire dtype. Every member's tensors have the same
+    static shapes."""
+
+    def send(buffer):
+        return group.broadcast(buffer, root)
+
+    return _fuse(tensors, send, _as_words, _from_words, 0)
+
+
 def _ragged_rows(flat, starts, lengths):
     """RaggedTensor whose row i is flat[starts[i] : starts[i] + lengths[i]]."""
     positions = tf.ragged.range(starts, starts + lengths)

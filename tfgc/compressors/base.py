@@ -91,7 +91,10 @@ import tensorflow as tf
 ALL_REDUCE = "all_reduce"
 ALL_GATHER = "all_gather"
 ALL_GATHER_RAGGED = "all_gather_ragged"
-COLLECTIVES = (ALL_REDUCE, ALL_GATHER, ALL_GATHER_RAGGED)
+BROADCAST = "broadcast"
+COLLECTIVES = (ALL_REDUCE, ALL_GATHER, ALL_GATHER_RAGGED, BROADCAST)
+#: The payload field that names a broadcast's sender; it is not sent.
+ROOT_FIELD = "root"
 
 
 class NoState(NamedTuple):
@@ -138,8 +141,9 @@ def num_elements(shape) -> int:
 def payload_nbytes(payload) -> tf.Tensor:
     """Bytes of a payload as it goes on the wire (int64 scalar tensor)."""
     total = tf.constant(0, tf.int64)
-    for field in payload:
-        total += tf.size(field, out_type=tf.int64) * field.dtype.size
+    for name, field in zip(payload._fields, payload):
+        if name != ROOT_FIELD:
+            total += tf.size(field, out_type=tf.int64) * field.dtype.size
     return total
 
 
@@ -181,8 +185,8 @@ def num_selected(n: int, density: float) -> int:
 class Compressor:
     """Base class; subclasses implement the methods documented above."""
 
-    #: What the payload needs: `ALL_REDUCE` (linear), `ALL_GATHER` or
-    #: `ALL_GATHER_RAGGED`.
+    #: What the payload needs: `ALL_REDUCE` (linear), `ALL_GATHER`,
+    #: `ALL_GATHER_RAGGED` or `BROADCAST` (see `collectives()`).
     collective: str = ALL_GATHER
     #: Number of dependent communication rounds per step.
     rounds: int = 1
@@ -203,6 +207,10 @@ class Compressor:
     delay: int = 1
     #: Uncompressed bytes of gradient per exchange bucket (None: one).
     bucket_bytes: int | None = None
+
+    def collectives(self) -> tuple[str, ...]:
+        """The collective of each round (default: `collective` for all)."""
+        return (self.collective,) * self.rounds
 
     def should_compress(
         self,

@@ -66,6 +66,9 @@ class ErrorFeedback(base.Compressor):
     delay = _inner("delay")
     bucket_bytes = _inner("bucket_bytes")
 
+    def collectives(self):
+        return self.compressor.collectives()
+
     def phases(self):
         inner = self.compressor.phases()
         if len(inner) == 1:

@@ -12,7 +12,8 @@ from tfgc.ops.top_k_sample import slice_start_reference
 
 
 class IndexPayload(NamedTuple):
-    indices: tf.Tensor  # [k] int32: the root's positions, zeros elsewhere
+    root: tf.Tensor  # int32 scalar: the sender (not sent)
+    indices: tf.Tensor  # [k] int32: the positions, used from the root
 
 
 class ValuePayload(NamedTuple):
@@ -49,15 +50,16 @@ class ImportancePruning(base.DensityCompressor):
     feedback (the optimizer's default) each worker keeps acc = residual +
     g. Every step a root worker is drawn from the step (the same on every
     worker, no message); the root ranks its entries by importance
-    |acc| / (|w| + epsilon), w the variable's value, and its
-    k = ceil(density * n) most important positions reach every worker
-    through an all-reduce in which the others send zeros. All workers then
-    all-reduce their acc at those positions; what was sent leaves the
-    residual. Both collectives are all-reduces, one index set per step:
+    |acc| / (|w| + epsilon), w the variable's value, and broadcasts its
+    k = ceil(density * n) most important positions (measured cheaper than
+    an all-reduce in which the others send zeros, or an all-gather:
+    docs/algorithms.md). All workers then all-reduce their acc at those
+    positions; what was sent leaves the residual. One index set per step:
     ring all-reduce compatible.
 
-    Bytes on the wire per worker: k * 4 (positions) + k * itemsize (values),
-    in two dependent all-reduces.
+    Bytes on the wire per worker: k * 4 (positions, broadcast; on a ring
+    every worker but one forwards them) + k * itemsize (values,
+    all-reduced), in two dependent collectives.
 
     Args:
         density: fraction of entries sent (the paper's 1 / ratio), in (0, 1].
@@ -67,6 +69,9 @@ class ImportancePruning(base.DensityCompressor):
     collective = base.ALL_REDUCE
     rounds = 2
     reads_step_info = True
+
+    def collectives(self):
+        return (base.BROADCAST, base.ALL_REDUCE)
 
     def __init__(self, density: float = 0.01, epsilon: float = 1e-8):
         super().__init__(density)
@@ -95,11 +100,12 @@ class ImportancePruning(base.DensityCompressor):
         _, indices = ops.top_k_abs(importance, self.num_selected(x.shape))
         indices = tf.sort(indices)
         root = root_worker(key[1], info.num_peers)
-        sent = tf.where(info.rank == root, indices, tf.zeros_like(indices))
-        return IndexPayload(sent), _Context(x.shape, x.dtype, flat, None, state)
+        return IndexPayload(root, indices), _Context(
+            x.shape, x.dtype, flat, None, state
+        )
 
     def next_round(self, reduced, ctx):
-        indices = reduced.indices  # the root's: everyone else sent zeros
+        indices = reduced.indices  # the root's
         values = tf.gather(ctx.flat, indices)
         return ValuePayload(values), ctx._replace(indices=indices)
 

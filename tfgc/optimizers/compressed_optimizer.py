@@ -162,13 +162,14 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         )
         self.min_compress_size = int(min_compress_size)
         self.seed = int(seed)
-        if not self.communicator.supports(self.compressor.collective):
-            raise ValueError(
-                f"{type(self.compressor).__name__} sends a payload that "
-                f"needs {self.compressor.collective!r}, which communicator "
-                f"{self.communicator.name!r} cannot carry. Use "
-                "communicator='auto' or 'allgather'."
-            )
+        for collective in self.compressor.collectives():
+            if not self.communicator.supports(collective):
+                raise ValueError(
+                    f"{type(self.compressor).__name__} sends a payload that "
+                    f"needs {collective!r}, which communicator "
+                    f"{self.communicator.name!r} cannot carry. Use "
+                    "communicator='auto' or 'allgather'."
+                )
         if self.compressor.has_error_feedback and not self.error_feedback:
             raise ValueError(
                 f"{type(self.compressor).__name__} keeps its own residual "
