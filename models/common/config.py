@@ -17,8 +17,11 @@ ALL_REDUCE_ALGS = ("ring", "nccl")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
 
 # Which compressor takes which parameter flag.
-_DENSITY_COMPRESSORS = ("topk", "randomk")
+_DENSITY_COMPRESSORS = ("topk", "randomk", "mstopk", "redsync")
 _RANK_COMPRESSORS = ("powersgd",)
+_REDSYNC_COMPRESSORS = ("redsync",)
+REDSYNC_SELECTIONS = tfgc.compressors.redsync.SELECTIONS
+HIERARCHICAL = "hierarchical"
 
 
 def _canonical(name: str) -> str:
@@ -42,11 +45,19 @@ class CommonConfig:
         model_dir: where the chief writes checkpoints, TensorBoard summaries
             and `summary.json`.
         compressor: a name from `tfgc.compressors.names()`.
-        density: fraction of entries sent by "topk" / "randomk"; `None`
-            keeps the compressor's default.
+        density: fraction of entries sent by "topk" / "randomk" /
+            "mstopk" / "redsync"; `None` keeps the compressor's default.
         rank: rank of "powersgd"; `None` keeps its default.
-        error_feedback: keep and re-send what compression dropped.
+        error_feedback: keep and re-send what compression dropped (always
+            on for "redsync", which keeps its own residual).
         min_compress_size: tensors with fewer elements go dense.
+        communicator: a name from `tfgc.communicators.names()`.
+        workers_per_host: workers per host of the "hierarchical"
+            communicator; `None` reads the hosts from the cluster spec.
+        selection: "threshold" or "trimmed", for "redsync"; `None` keeps
+            its default ("threshold").
+        warmup_steps: steps at the start that "redsync" sends dense;
+            `None` keeps its default (0).
         distribution_strategy: one of `STRATEGIES`.
         all_reduce_alg: "ring" or "nccl" for the collectives, `None` for
             TensorFlow's default.
@@ -72,6 +83,10 @@ class CommonConfig:
     rank: int | None = None
     error_feedback: bool = True
     min_compress_size: int = 1024
+    communicator: str = "auto"
+    workers_per_host: int | None = None
+    selection: str | None = None
+    warmup_steps: int | None = None
     distribution_strategy: str = "multi_worker_mirrored"
     all_reduce_alg: str | None = None
     cluster_resolver: str = "tf_config"
@@ -94,13 +109,14 @@ class CommonConfig:
                 "TensorBoard summaries and summary.json. Received: "
                 f"model_dir={self.model_dir!r}"
             )
-        self._check_compression()
         if self.distribution_strategy not in STRATEGIES:
             raise ValueError(
                 "`--distribution_strategy` must be one of "
                 f"{list(STRATEGIES)}. Received: "
                 f"distribution_strategy={self.distribution_strategy!r}"
             )
+        self._check_compression()
+        self._check_communicator()
         if self.all_reduce_alg is not None:
             if self.all_reduce_alg not in ALL_REDUCE_ALGS:
                 raise ValueError(
@@ -200,17 +216,134 @@ class CommonConfig:
                 f"compressor={self.compressor!r}, rank={self.rank!r}"
             )
         _check_positive_int("rank", self.rank)
+        redsync = key in _REDSYNC_COMPRESSORS
+        if self.selection is not None:
+            if not redsync:
+                raise ValueError(
+                    "`--selection` applies only to --compressor=redsync. "
+                    f"Received: compressor={self.compressor!r}, "
+                    f"selection={self.selection!r}. Drop --selection, or "
+                    "use --compressor=redsync."
+                )
+            if self.selection not in REDSYNC_SELECTIONS:
+                raise ValueError(
+                    f"`--selection` must be one of {list(REDSYNC_SELECTIONS)}"
+                    f". Received: selection={self.selection!r}"
+                )
+        if self.warmup_steps is not None:
+            if not redsync:
+                raise ValueError(
+                    "`--warmup_steps` applies only to --compressor=redsync. "
+                    f"Received: compressor={self.compressor!r}, "
+                    f"warmup_steps={self.warmup_steps!r}. Drop "
+                    "--warmup_steps, or use --compressor=redsync."
+                )
+            if (
+                isinstance(self.warmup_steps, bool)
+                or not isinstance(self.warmup_steps, int)
+                or self.warmup_steps < 0
+            ):
+                raise ValueError(
+                    "`--warmup_steps` must be an integer >= 0. Received: "
+                    f"warmup_steps={self.warmup_steps!r}"
+                )
+        if redsync and not self.error_feedback:
+            raise ValueError(
+                "`--noerror_feedback` cannot be used with "
+                "--compressor=redsync: RedSync always keeps its own residual "
+                "(the accumulated gradient it has not sent yet). Received: "
+                f"compressor={self.compressor!r}, error_feedback=False. Drop "
+                "--noerror_feedback, or use another compressor."
+            )
         # Let the library have the last word on its own arguments.
         tfgc.compressors.get(self.compressor, **self.compressor_kwargs())
 
+    def _check_communicator(self) -> None:
+        names = tfgc.communicators.names()
+        key = _canonical(self.communicator)
+        if key not in names:
+            raise ValueError(
+                f"`--communicator` must be one of {names}. Received: "
+                f"communicator={self.communicator!r}"
+            )
+        hierarchical = key == HIERARCHICAL
+        if self.workers_per_host is not None:
+            if not hierarchical:
+                raise ValueError(
+                    "`--workers_per_host` applies only to "
+                    "--communicator=hierarchical. Received: "
+                    f"communicator={self.communicator!r}, "
+                    f"workers_per_host={self.workers_per_host!r}. Drop "
+                    "--workers_per_host, or use --communicator=hierarchical."
+                )
+            _check_positive_int("workers_per_host", self.workers_per_host)
+        if hierarchical and self.distribution_strategy == "one_device":
+            raise ValueError(
+                "`--communicator=hierarchical` needs at least 2 workers, and "
+                "--distribution_strategy=one_device runs one. Received: "
+                f"communicator={self.communicator!r}, "
+                f"distribution_strategy={self.distribution_strategy!r}. Use "
+                "--communicator=auto, or start several workers "
+                "(python -m tfgc.launch -n 4 --hosts 2 -- python -m ...)."
+            )
+        compressor = tfgc.compressors.get(
+            self.compressor, **self.compressor_kwargs()
+        )
+        communicator = self.make_communicator()
+        for collective in compressor.collectives():
+            if communicator.supports(collective):
+                continue
+            fix = "--communicator=auto"
+            selection = ""
+            if collective == tfgc.compressors.ALL_GATHER_RAGGED:
+                selection = f", selection={compressor.selection!r}"
+                if communicator.supports(tfgc.compressors.ALL_GATHER):
+                    fix = (
+                        "--selection=trimmed (exactly k entries per worker), "
+                        "or --communicator=auto"
+                    )
+            raise ValueError(
+                f"`--communicator={self.communicator}` cannot carry what "
+                f"--compressor={self.compressor} sends ({collective}). "
+                f"Received: communicator={self.communicator!r}, "
+                f"compressor={self.compressor!r}{selection}. Use {fix}, or "
+                "a compressor it can carry."
+            )
+
+    @property
+    def compressor_name(self) -> str:
+        """`--compressor` as `tfgc.compressors.names()` spells it."""
+        return _canonical(self.compressor)
+
     def compressor_kwargs(self) -> dict:
-        """Constructor arguments for `tfgc.compressors.get`."""
+        """Constructor arguments for `tfgc.compressors.get`.
+
+        RedSync's `momentum` is not among them: `training.compressed_
+        optimizer` takes it from the inner optimizer.
+        """
         kwargs = {}
         if self.density is not None:
             kwargs["density"] = self.density
         if self.rank is not None:
             kwargs["rank"] = self.rank
+        if self.selection is not None:
+            kwargs["selection"] = self.selection
+        if self.warmup_steps is not None:
+            kwargs["warmup_steps"] = self.warmup_steps
         return kwargs
+
+    def make_communicator(self, options=None):
+        """The `tfgc.communicators.Communicator` `--communicator` names.
+
+        Args:
+            options: `tf.distribute.experimental.CommunicationOptions` for
+                its collectives, or `None`.
+        """
+        if self.workers_per_host is not None:
+            return tfgc.communicators.Hierarchical(
+                workers_per_host=self.workers_per_host, options=options
+            )
+        return tfgc.communicators.get(self.communicator, options=options)
 
     def steps_per_epoch(self, examples_steps: int | None = None) -> int:
         """Steps in one epoch.

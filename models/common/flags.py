@@ -16,6 +16,7 @@ import tfgc
 from models.common.config import (
     ALL_REDUCE_ALGS,
     CLUSTER_RESOLVERS,
+    REDSYNC_SELECTIONS,
     STRATEGIES,
     CommonConfig,
 )
@@ -42,18 +43,48 @@ def define_common_flags() -> None:
     flags.DEFINE_float(
         "density",
         None,
-        "Fraction of gradient entries sent, for topk and randomk.",
+        "Fraction of gradient entries sent, for topk, randomk, mstopk and "
+        "redsync.",
     )
     flags.DEFINE_integer("rank", None, "Rank of the powersgd approximation.")
     flags.DEFINE_bool(
         "error_feedback",
         True,
-        "Add what compression dropped to the next step's gradient.",
+        "Add what compression dropped to the next step's gradient (redsync "
+        "always does: --noerror_feedback is refused with it).",
     )
     flags.DEFINE_integer(
         "min_compress_size",
         1024,
         "Gradients with fewer elements are sent dense.",
+    )
+    flags.DEFINE_enum(
+        "selection",
+        None,
+        list(REDSYNC_SELECTIONS),
+        "RedSync's selection, with --compressor=redsync only: threshold "
+        "(k to 2k entries per worker; the default) or trimmed (exactly k).",
+    )
+    flags.DEFINE_integer(
+        "warmup_steps",
+        None,
+        "Steps at the start that send every gradient dense, with "
+        "--compressor=redsync only (default 0).",
+    )
+    flags.DEFINE_enum(
+        "communicator",
+        "auto",
+        tfgc.communicators.names(),
+        "How tfgc exchanges payloads: auto (all-reduce for linear payloads, "
+        "all-gather for the rest), allreduce, allgather, or hierarchical "
+        "(HiTopKComm: sum inside each host, compress only between hosts; "
+        "needs >= 2 workers).",
+    )
+    flags.DEFINE_integer(
+        "workers_per_host",
+        None,
+        "Workers per host for --communicator=hierarchical only. Default: "
+        "the host names of the cluster spec.",
     )
     flags.DEFINE_enum(
         "distribution_strategy",
@@ -66,9 +97,10 @@ def define_common_flags() -> None:
         "all_reduce_alg",
         None,
         list(ALL_REDUCE_ALGS),
-        "Collective implementation (CommunicationOptions for "
-        "multi_worker_mirrored; NcclAllReduce / ReductionToOneDevice for "
-        "mirrored). Default: TensorFlow's choice.",
+        "Collective implementation: CommunicationOptions of tfgc's "
+        "collectives (and of multi_worker_mirrored's own); NcclAllReduce / "
+        "ReductionToOneDevice for mirrored's own. Default: TensorFlow's "
+        "choice.",
     )
     flags.DEFINE_enum(
         "cluster_resolver",
@@ -139,6 +171,10 @@ def common_config_from_flags(
         rank=f.rank,
         error_feedback=f.error_feedback,
         min_compress_size=f.min_compress_size,
+        communicator=f.communicator,
+        workers_per_host=f.workers_per_host,
+        selection=f.selection,
+        warmup_steps=f.warmup_steps,
         distribution_strategy=f.distribution_strategy,
         all_reduce_alg=f.all_reduce_alg,
         cluster_resolver=f.cluster_resolver,

@@ -25,22 +25,68 @@ SUMMARY_FILE = "summary.json"
 def compressed_optimizer(
     config: CommonConfig, inner: keras.optimizers.Optimizer
 ) -> tfgc.CompressedOptimizer:
-    """Wraps `inner` as the compression flags ask.
+    """Wraps `inner` as the compression and communicator flags ask.
 
-    `--all_reduce_alg` reaches tfgc's collectives through the strategy:
-    `MultiWorkerMirroredStrategy` merges its `communication_options` into
-    every collective of its replica context, tfgc's included, and
-    `MirroredStrategy` uses its `cross_device_ops`.
+    `--compressor=redsync` applies momentum itself (momentum correction:
+    each worker accumulates its own momentum before selecting), so the
+    inner optimizer's momentum moves into it: `inner` must be a
+    `keras.optimizers.SGD` without Nesterov; RedSync gets
+    `momentum=inner.momentum`, and `inner` is replaced by an SGD with the
+    same learning rate (or schedule), clipping and weight decay but
+    momentum 0, which applies the summed update as it is. With plain SGD
+    (the LSTM) RedSync's momentum is 0; with ResNet-50's SGD it is 0.9.
+
+    `--all_reduce_alg` reaches tfgc's collectives as the optimizer's
+    `communication_options` (RING or NCCL). tfgc runs its own collective
+    ops, so the strategy's `communication_options` (multi-worker) or
+    `cross_device_ops` (mirrored) cover only the strategy's own reductions
+    (metrics, losses), not the gradients.
+
+    Raises:
+        ValueError: `--compressor=redsync` with an inner optimizer other
+            than SGD, or with Nesterov momentum.
     """
+    kwargs = config.compressor_kwargs()
+    if config.compressor_name == "redsync":
+        kwargs["momentum"], inner = _momentum_moved_out(inner)
+    options = distribution.communication_options(config)
+    if config.workers_per_host is not None:
+        # A communicator instance carries its own options.
+        communicator, options = config.make_communicator(options), None
+    else:
+        communicator = config.communicator
     return tfgc.CompressedOptimizer(
         inner,
-        compressor=tfgc.compressors.get(
-            config.compressor, **config.compressor_kwargs()
-        ),
+        compressor=tfgc.compressors.get(config.compressor, **kwargs),
         error_feedback=config.error_feedback,
+        communicator=communicator,
+        communication_options=options,
         min_compress_size=config.min_compress_size,
         seed=config.seed,
     )
+
+
+def _momentum_moved_out(
+    inner: keras.optimizers.Optimizer,
+) -> tuple[float, keras.optimizers.SGD]:
+    """`(momentum, the same SGD with momentum 0)` for RedSync."""
+    if type(inner) is not keras.optimizers.SGD:
+        raise ValueError(
+            "--compressor=redsync applies the momentum of the model's "
+            "optimizer itself, so that optimizer must be "
+            "keras.optimizers.SGD. Received: "
+            f"{type(inner).__name__}. Use another --compressor."
+        )
+    if inner.nesterov:
+        raise ValueError(
+            "--compressor=redsync applies plain (heavy-ball) momentum; the "
+            "model's SGD uses Nesterov momentum. Received: "
+            f"SGD(momentum={inner.momentum}, nesterov=True). Use another "
+            "--compressor."
+        )
+    sgd_config = inner.get_config()
+    sgd_config.update(momentum=0.0, nesterov=False)
+    return float(inner.momentum), keras.optimizers.SGD.from_config(sgd_config)
 
 
 def _floats(logs: Mapping[str, Any] | None) -> dict[str, float]:
@@ -158,6 +204,9 @@ def train_and_evaluate(
         # Per worker, before the collective's own ring factor.
         "bytes_per_step": {
             "compressed": stats.get("sent_bytes"),
+            "overhead": stats.get("overhead_bytes"),
+            # Stayed inside the host (hierarchical communicator).
+            "intra_host": stats.get("intra_host_bytes"),
             "dense": stats.get("dense_bytes"),
             "compression_ratio": stats.get("compression_ratio"),
         },

@@ -6,17 +6,21 @@ Bad flags must fail before any work: no strategy, no files in
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from types import SimpleNamespace
 
+import keras
 import pytest
 import tensorflow as tf
 from absl import app, flags
 from absl.testing import flagsaver
 
-from models.common import distribution
+import tfgc
+from models.common import distribution, training
+from models.common import flags as common_flags
 from models.common.config import CommonConfig
 from models.lstm_lm import main as lstm_main
 from models.resnet50_imagenet import main as resnet_main
@@ -63,7 +67,8 @@ def _main(module, argv):
                 "--compressor=signsgd",
                 "--density=0.1",
             ],
-            "`--density` applies only to --compressor in ['topk', 'randomk']",
+            "`--density` applies only to --compressor in ['topk', 'randomk', "
+            "'mstopk', 'redsync']",
         ),
         (
             [
@@ -109,6 +114,70 @@ def _main(module, argv):
             ["--model_dir={d}", "--data_dir={d}"],
             "must hold ptb.train.txt",
         ),
+    ]
+    + [
+        (["--model_dir={d}", "--use_synthetic_data", "--train_steps=2", *a], m)
+        for a, m in [
+            (
+                ["--workers_per_host=2"],
+                "`--workers_per_host` applies only to "
+                "--communicator=hierarchical. Received: communicator='auto', "
+                "workers_per_host=2. Drop --workers_per_host, or use "
+                "--communicator=hierarchical.",
+            ),
+            (
+                ["--communicator=hierarchical", "--workers_per_host=0"],
+                "`--workers_per_host` must be an integer >= 1. Received: "
+                "workers_per_host=0",
+            ),
+            (
+                [
+                    "--communicator=hierarchical",
+                    "--distribution_strategy=one_device",
+                ],
+                "`--communicator=hierarchical` needs at least 2 workers, and "
+                "--distribution_strategy=one_device runs one.",
+            ),
+            (
+                ["--compressor=topk", "--selection=trimmed"],
+                "`--selection` applies only to --compressor=redsync. "
+                "Received: compressor='topk', selection='trimmed'. Drop "
+                "--selection, or use --compressor=redsync.",
+            ),
+            (
+                ["--compressor=mstopk", "--warmup_steps=10"],
+                "`--warmup_steps` applies only to --compressor=redsync. "
+                "Received: compressor='mstopk', warmup_steps=10.",
+            ),
+            (
+                ["--compressor=redsync", "--warmup_steps=-1"],
+                "`--warmup_steps` must be an integer >= 0. Received: "
+                "warmup_steps=-1",
+            ),
+            (
+                ["--compressor=redsync", "--noerror_feedback"],
+                "`--noerror_feedback` cannot be used with "
+                "--compressor=redsync: RedSync always keeps its own residual",
+            ),
+            (
+                ["--compressor=redsync", "--communicator=allreduce"],
+                "`--communicator=allreduce` cannot carry what "
+                "--compressor=redsync sends (all_gather_ragged). Received: "
+                "communicator='allreduce', compressor='redsync', "
+                "selection='threshold'. Use --communicator=auto",
+            ),
+            (
+                ["--compressor=mstopk", "--communicator=allreduce"],
+                "`--communicator=allreduce` cannot carry what "
+                "--compressor=mstopk sends (all_gather). Received: "
+                "communicator='allreduce', compressor='mstopk'. Use "
+                "--communicator=auto",
+            ),
+            (
+                ["--compressor=mstopk", "--density=0"],
+                "`--density` must be in (0, 1]",
+            ),
+        ]
     ],
 )
 def test_lstm_bad_flags_fail_fast(tmp_path, argv, message):
@@ -126,6 +195,8 @@ def test_lstm_bad_flags_fail_fast(tmp_path, argv, message):
         ["--distribution_strategy=parameter_server"],
         ["--compressor=top_k_magic"],
         ["--all_reduce_alg=hierarchical"],
+        ["--communicator=ring"],
+        ["--selection=topk"],
         ["--config=huge"],
     ],
 )
@@ -202,6 +273,205 @@ def test_config_is_frozen_and_reports_kwargs():
     assert config.steps_per_epoch() == 2
     with pytest.raises(AttributeError):
         config.rank = 3
+
+
+def test_enum_flags_offer_every_library_name():
+    assert FLAGS["compressor"].parser.enum_values == tfgc.compressors.names()
+    assert {"mstopk", "redsync"} <= set(FLAGS["compressor"].parser.enum_values)
+    assert (
+        FLAGS["communicator"].parser.enum_values == tfgc.communicators.names()
+    )
+    assert FLAGS["communicator"].default == "auto"
+
+
+def _parsed_config(argv):
+    with flagsaver.flagsaver():
+        FLAGS.unparse_flags()
+        FLAGS(["prog", *argv])
+        return common_flags.common_config_from_flags(FLAGS)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (
+            ["--compressor=mstopk", "--density=0.02"],
+            dict(compressor="mstopk", density=0.02, communicator="auto"),
+        ),
+        (
+            [
+                "--compressor=redsync",
+                "--density=0.001",
+                "--selection=trimmed",
+                "--warmup_steps=0",
+                "--communicator=hierarchical",
+                "--workers_per_host=2",
+                "--all_reduce_alg=ring",
+            ],
+            dict(
+                compressor="redsync",
+                density=0.001,
+                selection="trimmed",
+                warmup_steps=0,
+                communicator="hierarchical",
+                workers_per_host=2,
+                all_reduce_alg="ring",
+            ),
+        ),
+        (
+            ["--compressor=redsync", "--selection=threshold"],
+            dict(compressor="redsync", selection="threshold"),
+        ),
+        (
+            # The hierarchical communicator carries unequal-size payloads.
+            ["--compressor=redsync", "--communicator=hierarchical"],
+            dict(compressor="redsync", communicator="hierarchical"),
+        ),
+        (
+            ["--compressor=topk", "--communicator=hierarchical"],
+            dict(communicator="hierarchical", workers_per_host=None),
+        ),
+    ],
+)
+def test_new_flags_round_trip_through_the_config(tmp_path, argv, expected):
+    common = [
+        f"--model_dir={tmp_path}",
+        "--use_synthetic_data",
+        "--train_steps=2",
+    ]
+    config = _parsed_config(common + argv)
+    for name, value in expected.items():
+        assert getattr(config, name) == value, name
+    # A config rebuilt from its dict (as in summary.json) is the same one.
+    assert CommonConfig(**config.as_dict()) == config
+    as_json = json.loads(json.dumps(config.as_dict()))
+    assert CommonConfig(**as_json) == config
+
+
+def test_redsync_flags_reach_the_compressor():
+    config = CommonConfig(
+        model_dir="/tmp/x",
+        use_synthetic_data=True,
+        train_steps=2,
+        compressor="redsync",
+        density=0.01,
+        selection="trimmed",
+        warmup_steps=5,
+    )
+    assert config.compressor_kwargs() == {
+        "density": 0.01,
+        "selection": "trimmed",
+        "warmup_steps": 5,
+    }
+
+
+def _options_implementation(optimizer):
+    options = optimizer.communicator.options
+    return None if options is None else options.implementation
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_redsync_takes_the_momentum_of_the_inner_sgd(momentum):
+    config = CommonConfig(
+        model_dir="/tmp/x",
+        use_synthetic_data=True,
+        train_steps=2,
+        compressor="redsync",
+        density=0.01,
+    )
+    schedule = resnet_main.WarmupDecay(0.1, 100, 10)
+    inner = keras.optimizers.SGD(
+        schedule, momentum=momentum, global_clipnorm=5.0, weight_decay=1e-4
+    )
+    optimizer = training.compressed_optimizer(config, inner)
+    assert isinstance(optimizer.compressor, tfgc.compressors.RedSync)
+    assert optimizer.compressor.momentum == momentum
+    assert optimizer.compressor.density == 0.01
+    sgd = optimizer.inner_optimizer
+    assert type(sgd) is keras.optimizers.SGD
+    assert sgd.momentum == 0.0 and not sgd.nesterov
+    assert sgd.global_clipnorm == 5.0 and sgd.weight_decay == 1e-4
+    assert (
+        sgd.get_config()["learning_rate"] == inner.get_config()["learning_rate"]
+    )
+    # The caller's optimizer is left alone.
+    assert inner.momentum == momentum
+
+
+@pytest.mark.parametrize(
+    "inner, message",
+    [
+        (
+            lambda: keras.optimizers.Adam(1e-3),
+            "so that optimizer must be keras.optimizers.SGD. Received: Adam",
+        ),
+        (
+            lambda: keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True),
+            "SGD(momentum=0.9, nesterov=True)",
+        ),
+    ],
+)
+def test_redsync_refuses_other_inner_optimizers(inner, message):
+    config = CommonConfig(
+        model_dir="/tmp/x",
+        use_synthetic_data=True,
+        train_steps=2,
+        compressor="redsync",
+    )
+    with pytest.raises(ValueError) as err:
+        training.compressed_optimizer(config, inner())
+    assert message in str(err.value)
+
+
+def test_other_compressors_keep_the_inner_optimizer():
+    config = CommonConfig(
+        model_dir="/tmp/x",
+        use_synthetic_data=True,
+        train_steps=2,
+        compressor="mstopk",
+        density=0.05,
+    )
+    inner = keras.optimizers.SGD(0.1, momentum=0.9)
+    optimizer = training.compressed_optimizer(config, inner)
+    assert optimizer.inner_optimizer is inner
+    assert isinstance(optimizer.compressor, tfgc.compressors.MSTopK)
+    assert optimizer.compressor.density == 0.05
+
+
+@pytest.mark.parametrize(
+    "all_reduce_alg, implementation",
+    [
+        (None, None),
+        ("ring", tf.distribute.experimental.CommunicationImplementation.RING),
+        ("nccl", tf.distribute.experimental.CommunicationImplementation.NCCL),
+    ],
+)
+@pytest.mark.parametrize(
+    "communicator, workers_per_host",
+    [
+        ("auto", None),
+        ("allgather", None),
+        ("hierarchical", None),
+        ("hierarchical", 2),
+    ],
+)
+def test_all_reduce_alg_reaches_tfgc_collectives(
+    all_reduce_alg, implementation, communicator, workers_per_host
+):
+    config = CommonConfig(
+        model_dir="/tmp/x",
+        use_synthetic_data=True,
+        train_steps=2,
+        compressor="mstopk",
+        all_reduce_alg=all_reduce_alg,
+        communicator=communicator,
+        workers_per_host=workers_per_host,
+    )
+    optimizer = training.compressed_optimizer(config, keras.optimizers.SGD(0.1))
+    assert optimizer.communicator.name == communicator
+    assert _options_implementation(optimizer) == implementation
+    if workers_per_host is not None:
+        assert optimizer.communicator.workers_per_host == workers_per_host
 
 
 def test_nccl_without_gpu_is_refused():

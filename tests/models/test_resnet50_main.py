@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from models.common import training
 from models.common.config import CommonConfig
 from models.resnet50_imagenet import data, resnet
 from models.resnet50_imagenet import main as resnet_main
@@ -138,6 +139,36 @@ def test_cifar_sized_mixed_precision_restores_policy(tmp_path):
     assert np.isfinite(summary["train"]["loss"])
     assert summary["eval"] == {}
     assert keras.mixed_precision.global_policy().name == "float32"
+
+
+def test_cifar_sized_redsync_takes_the_sgd_momentum(tmp_path, monkeypatch):
+    """The main's SGD(momentum=0.9) becomes RedSync(momentum=0.9) around a
+    momentum-free SGD; CompressedOptimizer would refuse the original."""
+    built = []
+    original = training.compressed_optimizer
+
+    def recording(config, inner):
+        built.append(original(config, inner))
+        return built[-1]
+
+    monkeypatch.setattr(training, "compressed_optimizer", recording)
+    summary = resnet_main.run(
+        _config(
+            tmp_path,
+            train_steps=2,
+            epochs=1,
+            compressor="redsync",
+            selection="trimmed",
+            warmup_steps=1,
+            skip_eval=True,
+        )
+    )
+    (optimizer,) = built
+    assert optimizer.compressor.momentum == 0.9
+    assert optimizer.compressor.warmup_steps == 1
+    assert optimizer.inner_optimizer.momentum == 0.0
+    assert np.isfinite(summary["train"]["loss"])
+    assert summary["config"]["selection"] == "trimmed"
 
 
 @pytest.mark.slow
