@@ -16,10 +16,17 @@ STRATEGIES = ("multi_worker_mirrored", "mirrored", "one_device")
 ALL_REDUCE_ALGS = ("ring", "nccl")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
 
-# Which compressor takes which parameter flag.
-_DENSITY_COMPRESSORS = ("topk", "randomk", "mstopk", "redsync")
-_RANK_COMPRESSORS = ("powersgd",)
-_REDSYNC_COMPRESSORS = ("redsync",)
+# Which compressors take which parameter flag (a constructor argument of
+# the same name).
+COMPRESSOR_FLAGS = {
+    "density": ("topk", "randomk", "mstopk", "redsync", "sbc", "importance"),
+    "rank": ("powersgd", "acpsgd"),
+    "selection": ("redsync",),
+    "warmup_steps": ("redsync", "powersgd", "acpsgd"),
+    "delay": ("sbc",),
+    "binarize": ("sbc",),
+    "bucket_bytes": ("acpsgd",),
+}
 REDSYNC_SELECTIONS = tfgc.compressors.redsync.SELECTIONS
 HIERARCHICAL = "hierarchical"
 
@@ -45,9 +52,10 @@ class CommonConfig:
         model_dir: where the chief writes checkpoints, TensorBoard summaries
             and `summary.json`.
         compressor: a name from `tfgc.compressors.names()`.
-        density: fraction of entries sent by "topk" / "randomk" /
-            "mstopk" / "redsync"; `None` keeps the compressor's default.
-        rank: rank of "powersgd"; `None` keeps its default.
+        density: fraction of entries sent by "topk", "randomk", "mstopk",
+            "redsync", "sbc" (per side) and "importance"; `None` keeps the
+            compressor's default.
+        rank: rank of "powersgd" and "acpsgd"; `None` keeps its default.
         error_feedback: keep and re-send what compression dropped (always
             on for "redsync", which keeps its own residual).
         min_compress_size: tensors with fewer elements go dense.
@@ -56,8 +64,14 @@ class CommonConfig:
             communicator; `None` reads the hosts from the cluster spec.
         selection: "threshold" or "trimmed", for "redsync"; `None` keeps
             its default ("threshold").
-        warmup_steps: steps at the start that "redsync" sends dense;
-            `None` keeps its default (0).
+        warmup_steps: steps at the start that "redsync", "powersgd" and
+            "acpsgd" send dense; `None` keeps the default (0).
+        delay: local steps per communication round of "sbc"; `None` keeps
+            its default (1).
+        binarize: "sbc" keeps one sign with one value (True, the paper's)
+            or sends top-k values (False); `None` keeps the default.
+        bucket_bytes: gradient bytes per exchange bucket of "acpsgd";
+            `None` keeps its default (25 MiB).
         distribution_strategy: one of `STRATEGIES`.
         all_reduce_alg: "ring" or "nccl" for the collectives, `None` for
             TensorFlow's default.
@@ -87,6 +101,9 @@ class CommonConfig:
     workers_per_host: int | None = None
     selection: str | None = None
     warmup_steps: int | None = None
+    delay: int | None = None
+    binarize: bool | None = None
+    bucket_bytes: int | None = None
     distribution_strategy: str = "multi_worker_mirrored"
     all_reduce_alg: str | None = None
     cluster_resolver: str = "tf_config"
@@ -198,65 +215,50 @@ class CommonConfig:
                 f"`--compressor` must be one of {names}. Received: "
                 f"compressor={self.compressor!r}"
             )
-        if self.density is not None and key not in _DENSITY_COMPRESSORS:
-            raise ValueError(
-                f"`--density` applies only to --compressor in "
-                f"{list(_DENSITY_COMPRESSORS)}. Received: "
-                f"compressor={self.compressor!r}, density={self.density!r}"
-            )
+        for flag, takers in COMPRESSOR_FLAGS.items():
+            value = getattr(self, flag)
+            if value is not None and key not in takers:
+                raise ValueError(
+                    f"`--{flag}` applies only to --compressor in "
+                    f"{list(takers)}. Received: compressor="
+                    f"{self.compressor!r}, {flag}={value!r}. Drop "
+                    f"--{flag}, or use one of those compressors."
+                )
         if self.density is not None and not 0 < self.density <= 1:
             raise ValueError(
                 "`--density` must be in (0, 1]. Received: "
                 f"density={self.density!r}"
             )
-        if self.rank is not None and key not in _RANK_COMPRESSORS:
+        for flag in ("rank", "delay", "bucket_bytes"):
+            _check_positive_int(flag, getattr(self, flag))
+        if self.selection is not None and (
+            self.selection not in REDSYNC_SELECTIONS
+        ):
             raise ValueError(
-                f"`--rank` applies only to --compressor in "
-                f"{list(_RANK_COMPRESSORS)}. Received: "
-                f"compressor={self.compressor!r}, rank={self.rank!r}"
+                f"`--selection` must be one of {list(REDSYNC_SELECTIONS)}"
+                f". Received: selection={self.selection!r}"
             )
-        _check_positive_int("rank", self.rank)
-        redsync = key in _REDSYNC_COMPRESSORS
-        if self.selection is not None:
-            if not redsync:
-                raise ValueError(
-                    "`--selection` applies only to --compressor=redsync. "
-                    f"Received: compressor={self.compressor!r}, "
-                    f"selection={self.selection!r}. Drop --selection, or "
-                    "use --compressor=redsync."
-                )
-            if self.selection not in REDSYNC_SELECTIONS:
-                raise ValueError(
-                    f"`--selection` must be one of {list(REDSYNC_SELECTIONS)}"
-                    f". Received: selection={self.selection!r}"
-                )
-        if self.warmup_steps is not None:
-            if not redsync:
-                raise ValueError(
-                    "`--warmup_steps` applies only to --compressor=redsync. "
-                    f"Received: compressor={self.compressor!r}, "
-                    f"warmup_steps={self.warmup_steps!r}. Drop "
-                    "--warmup_steps, or use --compressor=redsync."
-                )
-            if (
-                isinstance(self.warmup_steps, bool)
-                or not isinstance(self.warmup_steps, int)
-                or self.warmup_steps < 0
-            ):
-                raise ValueError(
-                    "`--warmup_steps` must be an integer >= 0. Received: "
-                    f"warmup_steps={self.warmup_steps!r}"
-                )
-        if redsync and not self.error_feedback:
+        if self.warmup_steps is not None and (
+            isinstance(self.warmup_steps, bool)
+            or not isinstance(self.warmup_steps, int)
+            or self.warmup_steps < 0
+        ):
+            raise ValueError(
+                "`--warmup_steps` must be an integer >= 0. Received: "
+                f"warmup_steps={self.warmup_steps!r}"
+            )
+        # Let the library have the last word on its own arguments.
+        compressor = tfgc.compressors.get(
+            self.compressor, **self.compressor_kwargs()
+        )
+        if compressor.has_error_feedback and not self.error_feedback:
             raise ValueError(
                 "`--noerror_feedback` cannot be used with "
-                "--compressor=redsync: RedSync always keeps its own residual "
+                f"--compressor={key}: it always keeps its own residual "
                 "(the accumulated gradient it has not sent yet). Received: "
                 f"compressor={self.compressor!r}, error_feedback=False. Drop "
                 "--noerror_feedback, or use another compressor."
             )
-        # Let the library have the last word on its own arguments.
-        tfgc.compressors.get(self.compressor, **self.compressor_kwargs())
 
     def _check_communicator(self) -> None:
         names = tfgc.communicators.names()
@@ -291,24 +293,14 @@ class CommonConfig:
         )
         communicator = self.make_communicator()
         for collective in compressor.collectives():
-            if communicator.supports(collective):
-                continue
-            fix = "--communicator=auto"
-            selection = ""
-            if collective == tfgc.compressors.ALL_GATHER_RAGGED:
-                selection = f", selection={compressor.selection!r}"
-                if communicator.supports(tfgc.compressors.ALL_GATHER):
-                    fix = (
-                        "--selection=trimmed (exactly k entries per worker), "
-                        "or --communicator=auto"
-                    )
-            raise ValueError(
-                f"`--communicator={self.communicator}` cannot carry what "
-                f"--compressor={self.compressor} sends ({collective}). "
-                f"Received: communicator={self.communicator!r}, "
-                f"compressor={self.compressor!r}{selection}. Use {fix}, or "
-                "a compressor it can carry."
-            )
+            if not communicator.supports(collective):
+                raise ValueError(
+                    f"`--communicator={self.communicator}` cannot carry "
+                    f"what --compressor={self.compressor} sends "
+                    f"({collective}). Received: communicator="
+                    f"{self.communicator!r}, compressor={self.compressor!r}. "
+                    "Use --communicator=auto, or a compressor it can carry."
+                )
 
     @property
     def compressor_name(self) -> str:
@@ -321,16 +313,11 @@ class CommonConfig:
         RedSync's `momentum` is not among them: `training.compressed_
         optimizer` takes it from the inner optimizer.
         """
-        kwargs = {}
-        if self.density is not None:
-            kwargs["density"] = self.density
-        if self.rank is not None:
-            kwargs["rank"] = self.rank
-        if self.selection is not None:
-            kwargs["selection"] = self.selection
-        if self.warmup_steps is not None:
-            kwargs["warmup_steps"] = self.warmup_steps
-        return kwargs
+        return {
+            flag: getattr(self, flag)
+            for flag in COMPRESSOR_FLAGS
+            if getattr(self, flag) is not None
+        }
 
     def make_communicator(self, options=None):
         """The `tfgc.communicators.Communicator` `--communicator` names.

@@ -43,10 +43,12 @@ def define_common_flags() -> None:
     flags.DEFINE_float(
         "density",
         None,
-        "Fraction of gradient entries sent, for topk, randomk, mstopk and "
-        "redsync.",
+        "Fraction of gradient entries sent, for topk, randomk, mstopk, "
+        "redsync, sbc (per sign) and importance.",
     )
-    flags.DEFINE_integer("rank", None, "Rank of the powersgd approximation.")
+    flags.DEFINE_integer(
+        "rank", None, "Rank of the powersgd and acpsgd approximations."
+    )
     flags.DEFINE_bool(
         "error_feedback",
         True,
@@ -69,7 +71,25 @@ def define_common_flags() -> None:
         "warmup_steps",
         None,
         "Steps at the start that send every gradient dense, with "
-        "--compressor=redsync only (default 0).",
+        "--compressor=redsync, powersgd or acpsgd (default 0).",
+    )
+    flags.DEFINE_integer(
+        "delay",
+        None,
+        "SBC's communication delay: local steps per round, with "
+        "--compressor=sbc only (default 1).",
+    )
+    flags.DEFINE_bool(
+        "binarize",
+        None,
+        "SBC keeps one sign with one value (the paper's; default) or, with "
+        "--nobinarize, sends top-k values; --compressor=sbc only.",
+    )
+    flags.DEFINE_integer(
+        "bucket_bytes",
+        None,
+        "Gradient bytes per exchange bucket, with --compressor=acpsgd only "
+        "(default 25 MiB).",
     )
     flags.DEFINE_enum(
         "communicator",
@@ -175,6 +195,9 @@ def common_config_from_flags(
         workers_per_host=f.workers_per_host,
         selection=f.selection,
         warmup_steps=f.warmup_steps,
+        delay=f.delay,
+        binarize=f.binarize,
+        bucket_bytes=f.bucket_bytes,
         distribution_strategy=f.distribution_strategy,
         all_reduce_alg=f.all_reduce_alg,
         cluster_resolver=f.cluster_resolver,

@@ -68,7 +68,7 @@ def _main(module, argv):
                 "--density=0.1",
             ],
             "`--density` applies only to --compressor in ['topk', 'randomk', "
-            "'mstopk', 'redsync']",
+            "'mstopk', 'redsync', 'sbc', 'importance']",
         ),
         (
             [
@@ -88,7 +88,7 @@ def _main(module, argv):
                 "--compressor=topk",
                 "--rank=4",
             ],
-            "`--rank` applies only to --compressor in ['powersgd']",
+            "`--rank` applies only to --compressor in ['powersgd', 'acpsgd']",
         ),
         (
             [
@@ -140,14 +140,15 @@ def _main(module, argv):
             ),
             (
                 ["--compressor=topk", "--selection=trimmed"],
-                "`--selection` applies only to --compressor=redsync. "
+                "`--selection` applies only to --compressor in ['redsync']. "
                 "Received: compressor='topk', selection='trimmed'. Drop "
-                "--selection, or use --compressor=redsync.",
+                "--selection, or use one of those compressors.",
             ),
             (
                 ["--compressor=mstopk", "--warmup_steps=10"],
-                "`--warmup_steps` applies only to --compressor=redsync. "
-                "Received: compressor='mstopk', warmup_steps=10.",
+                "`--warmup_steps` applies only to --compressor in "
+                "['redsync', 'powersgd', 'acpsgd']. Received: "
+                "compressor='mstopk', warmup_steps=10.",
             ),
             (
                 ["--compressor=redsync", "--warmup_steps=-1"],
@@ -157,14 +158,14 @@ def _main(module, argv):
             (
                 ["--compressor=redsync", "--noerror_feedback"],
                 "`--noerror_feedback` cannot be used with "
-                "--compressor=redsync: RedSync always keeps its own residual",
+                "--compressor=redsync: it always keeps its own residual",
             ),
             (
                 ["--compressor=redsync", "--communicator=allreduce"],
                 "`--communicator=allreduce` cannot carry what "
                 "--compressor=redsync sends (all_gather_ragged). Received: "
-                "communicator='allreduce', compressor='redsync', "
-                "selection='threshold'. Use --communicator=auto",
+                "communicator='allreduce', compressor='redsync'. Use "
+                "--communicator=auto",
             ),
             (
                 ["--compressor=mstopk", "--communicator=allreduce"],
@@ -176,6 +177,31 @@ def _main(module, argv):
             (
                 ["--compressor=mstopk", "--density=0"],
                 "`--density` must be in (0, 1]",
+            ),
+            (
+                ["--compressor=topk", "--delay=4"],
+                "`--delay` applies only to --compressor in ['sbc']",
+            ),
+            (
+                ["--compressor=sbc", "--delay=0"],
+                "`--delay` must be an integer >= 1. Received: delay=0",
+            ),
+            (
+                ["--compressor=powersgd", "--bucket_bytes=1000"],
+                "`--bucket_bytes` applies only to --compressor in ['acpsgd']",
+            ),
+            (
+                ["--compressor=acpsgd", "--bucket_bytes=-1"],
+                "`--bucket_bytes` must be an integer >= 1",
+            ),
+            (
+                ["--compressor=topk", "--nobinarize"],
+                "`--binarize` applies only to --compressor in ['sbc']",
+            ),
+            (
+                ["--compressor=importance", "--communicator=allreduce"],
+                "`--communicator=allreduce` cannot carry what "
+                "--compressor=importance sends (broadcast)",
             ),
         ]
     ],
@@ -363,6 +389,36 @@ def test_redsync_flags_reach_the_compressor():
         "selection": "trimmed",
         "warmup_steps": 5,
     }
+
+
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        (
+            {"compressor": "sbc", "density": 0.002, "delay": 4},
+            {"density": 0.002, "delay": 4, "binarize": True},
+        ),
+        (
+            {"compressor": "sbc", "binarize": False},
+            {"binarize": False, "delay": 1},
+        ),
+        (
+            {"compressor": "acpsgd", "rank": 2, "bucket_bytes": 1 << 20},
+            {"rank": 2, "bucket_bytes": 1 << 20, "warmup_steps": 0},
+        ),
+        ({"compressor": "powersgd", "warmup_steps": 3}, {"warmup_steps": 3}),
+        ({"compressor": "importance", "density": 0.05}, {"density": 0.05}),
+    ],
+)
+def test_paper_compressor_flags_reach_the_compressor(kwargs, expected):
+    config = CommonConfig(
+        model_dir="/tmp/x", use_synthetic_data=True, train_steps=2, **kwargs
+    )
+    optimizer = training.compressed_optimizer(
+        config, keras.optimizers.SGD(0.1, momentum=0.9)
+    )
+    got = optimizer.compressor.get_config()
+    assert {k: got[k] for k in expected} == expected
 
 
 def _options_implementation(optimizer):
