@@ -5,8 +5,9 @@ local worker processes under `MultiWorkerMirroredStrategy`; each trains
 the same model with a `tfgc.CompressedOptimizer` in a custom training loop
 (`strategy.run` inside one `tf.function`), times every step until its loss
 is on the host, and reads `compression_stats()` after every step. Reported
-per configuration: the median step time after `--warmup` steps (median over
-each worker's timed steps, then over workers) and, per worker and step,
+per configuration: the median and mean step time after `--warmup` steps
+(over each worker's timed steps, then the median over workers) and, per
+worker and step,
 the bytes sent, the overhead bytes (padding of unequal gathers) and the
 bytes that stayed inside a host, averaged over the timed steps, against a
 dense fp32 all-reduce (identity) measured in the same run.
@@ -22,7 +23,16 @@ Configurations, all at `--density` (default 0.1 %):
   sparse; the probe would measure localhost, see `--redsync-cost-model`);
 * `hierarchical_mstopk`: `MSTopK` with error feedback under the
   `hierarchical` communicator, the workers started as `--hosts` (default 2)
-  hosts of workers / hosts each (`tfgc.launch.run(..., hosts=2)`).
+  hosts of workers / hosts each (`tfgc.launch.run(..., hosts=2)`);
+* `sbc`, `sbc_delay4`: `SBC` (binarized, Golomb-coded positions) with
+  error feedback, communication delay 1 and 4 (bytes and the mean step
+  time count every step, so the delay shows);
+* `importance`: `ImportancePruning` with error feedback;
+* `powersgd`: `PowerSGD(rank=4)` with error feedback (two dependent
+  all-reduces per step), the baseline ACP-SGD is judged against;
+* `acpsgd`, `acpsgd_one_bucket`: `ACPSGD(rank=4)` with error feedback,
+  25 MiB buckets (each its own all-reduce, so one bucket can be on the
+  wire while the next is compressed) and everything in one bucket.
 
 Models (`--model`): `dense` (default), a communication-heavy stand-in: a
 stack of `--layers` Dense layers of `--width` units (the last linear, as
@@ -63,6 +73,12 @@ CONFIGS = (
     "redsync_threshold",
     "redsync_trimmed",
     "hierarchical_mstopk",
+    "sbc",
+    "sbc_delay4",
+    "importance",
+    "powersgd",
+    "acpsgd",
+    "acpsgd_one_bucket",
 )
 DESCRIPTIONS = {
     "dense": ("Identity (fp32)", "auto (all-reduce)"),
@@ -71,6 +87,15 @@ DESCRIPTIONS = {
     "redsync_threshold": ("RedSync threshold", "auto (ragged all-gather)"),
     "redsync_trimmed": ("RedSync trimmed", "auto (all-gather)"),
     "hierarchical_mstopk": ("MSTopK + EF", "hierarchical"),
+    "sbc": ("SBC + EF, delay 1", "auto (ragged all-gather)"),
+    "sbc_delay4": ("SBC + EF, delay 4", "auto (ragged all-gather)"),
+    "importance": ("ImportancePruning + EF", "auto (broadcast, all-reduce)"),
+    "powersgd": ("PowerSGD rank 4 + EF", "auto (2 all-reduces)"),
+    "acpsgd": ("ACP-SGD rank 4 + EF, 25 MiB buckets", "auto (all-reduce)"),
+    "acpsgd_one_bucket": (
+        "ACP-SGD rank 4 + EF, one bucket",
+        "auto (all-reduce)",
+    ),
 }
 MODELS = ("dense", "lstm_small")
 
@@ -108,6 +133,18 @@ def _optimizer(args, inner_momentum: float, inner_kwargs: dict):
             cost_model=cost,
         )
         momentum = 0.0  # RedSync applies it; plain SGD applies the sum
+    elif name == "sbc":
+        compressor = c.SBC(density)
+    elif name == "sbc_delay4":
+        compressor = c.SBC(density, delay=4)
+    elif name == "importance":
+        compressor = c.ImportancePruning(density)
+    elif name == "powersgd":
+        compressor = c.PowerSGD(rank=4)
+    elif name == "acpsgd":
+        compressor = c.ACPSGD(rank=4)
+    elif name == "acpsgd_one_bucket":
+        compressor = c.ACPSGD(rank=4, bucket_bytes=None)
     else:
         raise ValueError(f"unknown configuration {name!r}")
     inner = keras.optimizers.SGD(momentum=momentum, **inner_kwargs)
@@ -296,6 +333,7 @@ def _worker_command(args, config: str, out: str) -> list[str]:
 
 def _summarize(config: str, workers: list[dict], warmup: int) -> dict:
     medians = [statistics.median(w["step_seconds"][warmup:]) for w in workers]
+    means = [statistics.fmean(w["step_seconds"][warmup:]) for w in workers]
 
     def per_step(key):
         """Per worker: the mean over timed steps; then mean, min, max."""
@@ -318,6 +356,8 @@ def _summarize(config: str, workers: list[dict], warmup: int) -> dict:
         "variables": first["num_variables"],
         "compressed_variables": first["compressed_variables"],
         "step_seconds_median": statistics.median(medians),
+        # With SBC's delay most steps are local: the mean shows the rounds.
+        "step_seconds_mean": statistics.median(means),
         "step_seconds_worker_medians": medians,
         "sent_bytes": sent,
         "sent_bytes_min_worker": sent_min,
@@ -408,7 +448,7 @@ def machine_meta(args) -> dict:
         "intra_op_threads": args.intra_op_threads,
         "redsync_cost_model": args.redsync_cost_model,
         "load_average_before": _load_average(),
-        "unit": "s (median step), bytes per worker per step",
+        "unit": "s (median and mean step), bytes per worker per step",
     }
 
 
@@ -447,9 +487,11 @@ def to_markdown(meta, rows) -> str:
         f"{_model_text(meta, rows)}; density {meta['density']:.2%}. "
         "Intra-op threads per worker: "
         f"{meta['intra_op_threads'] or 'TF default'}. Step time: median "
-        f"over {meta['steps']} steps after "
+        f"and mean over {meta['steps']} steps after "
         f"{meta['warmup']} warm-up steps (the first traces), until the "
-        "loss is on the host, median over workers. Bytes: per worker and "
+        "loss is on the host, median over workers (the mean counts SBC's "
+        "communication rounds, which its local steps outnumber); speed-up "
+        "against dense from the means. Bytes: per worker and "
         "step from `compression_stats()`, mean over the timed steps and "
         "workers, before the collective's own transport factor; "
         "overhead is the padding of unequal gathers; intra-host is what "
@@ -466,21 +508,23 @@ def to_markdown(meta, rows) -> str:
         "127.0.0.1 and 127.0.0.2; they are still one machine.",
         "",
         "| configuration | compressor | communicator | hosts | "
-        "compressed / variables | median step (s) | vs dense | "
-        "sent B/step | overhead B | intra-host B | dense B | ratio | "
-        "worker sent min-max | loss first -> last | wall (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "compressed / variables | median step (s) | mean step (s) | "
+        "vs dense (mean) | sent B/step | overhead B | intra-host B | "
+        "dense B | ratio | worker sent min-max | loss first -> last | "
+        "wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         vs = (
-            f"{r['step_seconds_median'] / dense['step_seconds_median']:.2f}x"
+            f"{r['step_seconds_mean'] / dense['step_seconds_mean']:.2f}x"
             if dense
             else "-"
         )
         out.append(
             f"| {r['config']} | {r['compressor']} | {r['communicator']} | "
             f"{r['hosts']} | {_or_unknown(r['compressed_variables'])} / "
-            f"{r['variables']} | {r['step_seconds_median']:.3f} | {vs} | "
+            f"{r['variables']} | {r['step_seconds_median']:.3f} | "
+            f"{r['step_seconds_mean']:.3f} | {vs} | "
             f"{r['sent_bytes']:,.0f} | {r['overhead_bytes']:,.0f} | "
             f"{r['intra_host_bytes']:,.0f} | {r['dense_bytes']:,.0f} | "
             f"{r['compression_ratio']:.1f}x | "
@@ -576,14 +620,14 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(r)
         dense = rows[0] if rows[0]["config"] == "dense" else None
         vs = (
-            f" ({r['step_seconds_median'] / dense['step_seconds_median']:.2f}"
+            f" ({r['step_seconds_mean'] / dense['step_seconds_mean']:.2f}"
             "x dense)"
             if dense
             else ""
         )
         print(
-            f"[{i + 1}/{len(args.configs)}] {config}: median step "
-            f"{r['step_seconds_median']:.3f} s{vs}, sent "
+            f"[{i + 1}/{len(args.configs)}] {config}: mean step "
+            f"{r['step_seconds_mean']:.3f} s{vs}, sent "
             f"{r['sent_bytes']:,.0f} B + overhead {r['overhead_bytes']:,.0f}"
             f" B + intra-host {r['intra_host_bytes']:,.0f} B per worker and "
             f"step ({r['compression_ratio']:.1f}x less than dense "
