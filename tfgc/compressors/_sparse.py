@@ -1,5 +1,6 @@
 """Shared helpers for compressors that send (values, indices) pairs."""
 
+import numpy as np
 import tensorflow as tf
 
 from tfgc import ops
@@ -47,3 +48,14 @@ def scatter_sum(values, indices, n, dtype):
     else:
         dense = tf.math.unsorted_segment_sum(flat_values, flat_indices, n)
     return tf.cast(dense, dtype)
+
+
+def dense_total(pairs, shape, dtype) -> tf.Tensor:
+    """The dense tensor of `shape` that (values, indices) pairs add up to.
+
+    `pairs` has `values` and `indices` fields (one worker's, or every
+    worker's stacked or ragged).
+    """
+    n = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+    dense = scatter_sum(pairs.values, pairs.indices, n, dtype)
+    return tf.reshape(dense, shape)

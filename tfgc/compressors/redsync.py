@@ -10,7 +10,7 @@ from tfgc import ops
 from tfgc.compressors import _sparse, base
 from tfgc.compressors.cost_model import CostModel
 from tfgc.compressors.identity import DensePayload, Identity
-from tfgc.compressors.topk import SparsePayload
+from tfgc.compressors.topk import SparsePayload, TopK
 
 SELECTIONS = ("threshold", "trimmed")
 PROBE = "probe"
@@ -199,23 +199,15 @@ class RedSync(base.DensityCompressor):
         new_state = RedSyncState(tf.reshape(u, x.shape), accumulation)
         return SparsePayload(values, indices), (x.shape, x.dtype, new_state)
 
-    def decompress(self, reduced, ctx):
-        shape, dtype, state = ctx
-        n = base.num_elements(shape)
-        dense = _sparse.scatter_sum(reduced.values, reduced.indices, n, dtype)
-        return tf.reshape(dense, shape), state
-
-    def local_estimate(self, payload, ctx):
-        shape, dtype, _ = ctx
-        n = base.num_elements(shape)
-        dense = _sparse.scatter_sum(payload.values, payload.indices, n, dtype)
-        return tf.reshape(dense, shape)
+    # Decompression is TopK's: the sum of every worker's (index, value).
+    decompress = TopK.decompress
+    local_estimate = TopK.local_estimate
 
     def payload_bytes(self, shape, dtype):
         # With threshold selection: the bound when a threshold is accepted.
         k = self.num_selected(shape)
-        if self.selection == "threshold":
-            k = max(2 * k - 1, k)
+        if self.selection == "threshold" and k:
+            k = 2 * k - 1
         return k * (tf.as_dtype(dtype).size + 4)
 
     def get_config(self):
@@ -232,10 +224,8 @@ class RedSync(base.DensityCompressor):
         }
 
 
-class MomentumDense(base.Compressor):
+class MomentumDense(Identity):
     """RedSync's dense path for a tensor: U = m U + g, all-reduced."""
-
-    collective = base.ALL_REDUCE
 
     def __init__(self, momentum: float):
         self.momentum = momentum
@@ -248,15 +238,6 @@ class MomentumDense(base.Compressor):
         del key
         u = _momentum_step(self.momentum, state.momentum, x)
         return DensePayload(u), MomentumState(u)
-
-    def decompress(self, reduced, ctx):
-        return reduced.values, ctx
-
-    def local_estimate(self, payload, ctx):
-        return payload.values
-
-    def payload_bytes(self, shape, dtype):
-        return base.num_elements(shape) * tf.as_dtype(dtype).size
 
     def get_config(self):
         return {"momentum": self.momentum}

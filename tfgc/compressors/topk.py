@@ -61,12 +61,11 @@ class TopK(base.DensityCompressor):
 
     def decompress(self, reduced, ctx):
         shape, dtype, state = ctx
-        n = base.num_elements(shape)
-        dense = _sparse.scatter_sum(reduced.values, reduced.indices, n, dtype)
-        return tf.reshape(dense, shape), state
+        return _sparse.dense_total(reduced, shape, dtype), state
 
     def local_estimate(self, payload, ctx):
-        return self.decompress(payload, ctx)[0]
+        shape, dtype, _ = ctx
+        return _sparse.dense_total(payload, shape, dtype)
 
     def payload_bytes(self, shape, dtype):
         k = self.num_selected(shape)
