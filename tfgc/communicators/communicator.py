@@ -194,10 +194,13 @@ class Communicator:
         ]
         slots: dict[str, list[tuple[int, int]]] = {}
         for i, route in enumerate(routes):
+            # A broadcast's root names the sender; it is not sent.
+            fields = getattr(payloads[i], "_fields", ())
+            skipped = ROOT_FIELD if route == BROADCAST else None
             slots.setdefault(route, []).extend(
                 (i, j)
-                for j, name in enumerate(payloads[i]._fields)
-                if not (route == BROADCAST and name == ROOT_FIELD)
+                for j in range(len(flat[i]))
+                if j >= len(fields) or fields[j] != skipped
             )
         received = [list(f) for f in flat]
         overhead = exchange.zero_bytes()
