@@ -231,6 +231,35 @@ def test_unbuilt_optimizer_in_distributed_step_names_the_fix(mirrored):
         step()
 
 
+def test_inner_optimizer_from_outside_the_scope_is_refused(mirrored):
+    """Its step counter is one plain variable that every local replica
+    increments (Keras alone counts 4 per step here); tfgc's step-dependent
+    choices would then go wrong, so build names the fix."""
+    strategy = mirrored
+    inner = keras.optimizers.SGD(0.1)  # outside the scope
+    with strategy.scope():
+        w = keras.Variable(np.zeros(4, "float32"))
+        opt = tfgc.CompressedOptimizer(inner)
+        with pytest.raises(ValueError, match=r"inside the scope.*SGD"):
+            opt.build([w])
+
+
+def test_inner_optimizer_from_inside_the_scope_counts_one_per_step(mirrored):
+    strategy = mirrored
+    with strategy.scope():
+        w = keras.Variable(np.zeros(4, "float32"))
+        opt = tfgc.CompressedOptimizer(keras.optimizers.SGD(0.1))
+        opt.build([w])
+
+    @tf.function
+    def step():
+        strategy.run(lambda: opt.apply([tf.ones(4)], [w]))
+
+    for _ in range(3):
+        step()
+    assert int(opt.iterations.numpy()) == 3
+
+
 def test_indexed_slices_gradients_are_densified():
     keras.utils.set_random_seed(0)
     model = keras.Sequential(

@@ -229,9 +229,11 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
 
     @_keras_compat.no_automatic_dependency_tracking
     def build(self, var_list):
-        self.inner_optimizer.build(var_list)
+        topology = topology_lib.current()
         # Checked before anything is created or communicated.
-        self.communicator.build(topology_lib.current())
+        _check_step_counter(self.inner_optimizer, topology)
+        self.inner_optimizer.build(var_list)
+        self.communicator.build(topology)
         network = self._network()
         self._network_cost = network.cost
         self._plans = []
@@ -579,6 +581,32 @@ def _check_momentum_applied_once(compressor, inner_optimizer) -> None:
             if hasattr(inner_optimizer, "momentum")
             else ""
         )
+    )
+
+
+def _check_step_counter(inner, topology):
+    """Refuses an inner optimizer whose step counter is one plain variable
+    shared by several local replicas.
+
+    An optimizer created outside `strategy.scope()` has such a counter:
+    every replica increments it, so it counts replicas x steps (Keras
+    itself does not notice: learning-rate schedules then run that much too
+    fast), and the compressor's choices that follow the step (warm-up,
+    phases, rounds, shared seeds) would go wrong or differ between
+    replicas.
+    """
+    replicas = len(topology.devices)
+    if replicas < 2 or isinstance(
+        inner.iterations.value, tf.distribute.DistributedValues
+    ):
+        return
+    raise ValueError(
+        f"The inner optimizer {type(inner).__name__} was created outside "
+        "`strategy.scope()`: its step counter is one variable that each of "
+        f"the {replicas} local replicas increments, so it would count "
+        f"{replicas} per step. Create it inside the scope: `with "
+        "strategy.scope(): optimizer = tfgc.CompressedOptimizer("
+        "keras.optimizers.SGD(...), ...)`."
     )
 
 
