@@ -111,10 +111,9 @@ class _CountCollectives:
 def _measure(shapes, make, steps):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     compressor = make()
-    inner = keras.optimizers.SGD(0.01)
     with strategy.scope():
         variables = [keras.Variable(np.zeros(s, "float32")) for s in shapes]
-        opt = tfgc.CompressedOptimizer(inner, compressor)
+        opt = tfgc.CompressedOptimizer(keras.optimizers.SGD(0.01), compressor)
         opt.build(variables)
     # Per step: phases (ACP-SGD's P and Q) in turn, a round every `delay`.
     analytic = (
@@ -218,11 +217,13 @@ def main(argv=None) -> None:
             row = rows.get(name)
             if row is None:
                 continue
-            ratio = row["dense"] / max(row["sent"] + row["overhead"], 1)
+            total = row["sent"] + row["overhead"]
+            # Nothing sent in the measured steps (e.g. fewer than a round).
+            ratio = f"{row['dense'] / total:,.1f}x" if total else "-"
             lines.append(
                 f"| {name} | {settings} | {row['analytic']:,.0f} | "
                 f"{row['sent']:,.0f} | {row['overhead']:,.0f} | "
-                f"{ratio:,.1f}x | {row['collectives']:g} |"
+                f"{ratio} | {row['collectives']:g} |"
             )
     _common.write_results(
         args.output, {"meta": meta, "results": results}, "\n".join(lines) + "\n"

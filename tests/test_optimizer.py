@@ -207,12 +207,19 @@ def test_mirrored_custom_loop_conserves_mass_and_keeps_replicas_equal(mirrored):
     )
 
 
-def test_apply_in_cross_replica_context_is_refused(mirrored):
-    strategy = mirrored
+def _built_sgd(strategy):
+    """(w, optimizer): one variable of 4 zeros, SGD(0.1) wrapped and built,
+    both made inside `strategy`'s scope."""
     with strategy.scope():
         w = keras.Variable(np.zeros(4, "float32"))
         opt = tfgc.CompressedOptimizer(keras.optimizers.SGD(0.1))
         opt.build([w])
+    return w, opt
+
+
+def test_apply_in_cross_replica_context_is_refused(mirrored):
+    w, opt = _built_sgd(mirrored)
+    with mirrored.scope():
         with pytest.raises(ValueError, match=r"replica context.*strategy\.run"):
             opt.apply([tf.ones(4)], [w])
 
@@ -245,15 +252,11 @@ def test_inner_optimizer_from_outside_the_scope_is_refused(mirrored):
 
 
 def test_inner_optimizer_from_inside_the_scope_counts_one_per_step(mirrored):
-    strategy = mirrored
-    with strategy.scope():
-        w = keras.Variable(np.zeros(4, "float32"))
-        opt = tfgc.CompressedOptimizer(keras.optimizers.SGD(0.1))
-        opt.build([w])
+    w, opt = _built_sgd(mirrored)
 
     @tf.function
     def step():
-        strategy.run(lambda: opt.apply([tf.ones(4)], [w]))
+        mirrored.run(lambda: opt.apply([tf.ones(4)], [w]))
 
     for _ in range(3):
         step()
