@@ -113,6 +113,45 @@ def _check(grads):
     return p, steps
 
 
+def _zero_residuals(shapes, compressed, p):
+    """[worker][var] a zero residual of `shapes[var]` where `compressed[var]`,
+    None elsewhere (a tensor sent dense)."""
+    return [
+        [np.zeros(s, F32) if c else None for s, c in zip(shapes, compressed)]
+        for _ in range(p)
+    ]
+
+
+class _Step:
+    """One step's records, filled tensor by tensor, then appended to a
+    `Trajectory` with `finish`."""
+
+    def __init__(self, p: int):
+        self.p = p
+        self.totals = []
+        self.states = [[] for _ in range(p)]
+        self.selected = [[] for _ in range(p)]
+        self.sent_bytes = [0] * p
+        self.intra_host_bytes = [0] * p
+
+    def dense(self, arrays, states=None):
+        """Worker w sends `arrays[w]` whole (float32) and keeps `states[w]`
+        (default: no state)."""
+        self.totals.append(worker_sum(arrays))
+        for w in range(self.p):
+            self.states[w].append(() if states is None else states[w])
+            self.selected[w].append(None)
+            self.sent_bytes[w] += 4 * np.size(arrays[w])
+
+    def finish(self, out: Trajectory, weights) -> None:
+        out.totals.append(self.totals)
+        out.weights.append(weights)
+        out.states.append(self.states)
+        out.selected.append(self.selected)
+        out.sent_bytes.append(self.sent_bytes)
+        out.intra_host_bytes.append(self.intra_host_bytes)
+
+
 # --- MSTopK with error feedback, flat exchange -------------------------------
 
 
@@ -133,24 +172,14 @@ def mstopk(
     p, steps = _check(grads)
     shapes = [np.shape(g) for g in grads[0][0]]
     compressed = [int(np.prod(s)) >= min_compress_size for s in shapes]
-    residual = [
-        [np.zeros(s, F32) if c else None for s, c in zip(shapes, compressed)]
-        for _ in range(p)
-    ]
+    residual = _zero_residuals(shapes, compressed, p)
     out = Trajectory([], [], [], [], [], [])
     for s in range(steps):
-        totals = []
-        states = [[] for _ in range(p)]
-        selected = [[] for _ in range(p)]
-        sent_bytes = [0] * p
+        step = _Step(p)
         for i, shape in enumerate(shapes):
             n = int(np.prod(shape))
             if not compressed[i]:
-                totals.append(worker_sum([grads[w][s][i] for w in range(p)]))
-                for w in range(p):
-                    states[w].append(())
-                    selected[w].append(None)
-                    sent_bytes[w] += 4 * n
+                step.dense([grads[w][s][i] for w in range(p)])
                 continue
             k = num_selected(n, density)
             sent = []
@@ -161,17 +190,12 @@ def mstopk(
                 )
                 residual[w][i] = rest.reshape(shape)
                 sent.append((values, idx))
-                states[w].append((residual[w][i],))
-                selected[w].append(idx)
-                sent_bytes[w] += SPARSE_ENTRY_BYTES * k
-            totals.append(sparse_sum(n, sent).reshape(shape))
-        weights = sgd(weights, totals, lr)
-        out.totals.append(totals)
-        out.weights.append(weights)
-        out.states.append(states)
-        out.selected.append(selected)
-        out.sent_bytes.append(sent_bytes)
-        out.intra_host_bytes.append([0] * p)
+                step.states[w].append((residual[w][i],))
+                step.selected[w].append(idx)
+                step.sent_bytes[w] += SPARSE_ENTRY_BYTES * k
+            step.totals.append(sparse_sum(n, sent).reshape(shape))
+        weights = sgd(weights, step.totals, lr)
+        step.finish(out, weights)
     return out
 
 
@@ -222,29 +246,22 @@ def redsync(
     v = [[np.zeros(s, F32) for s in shapes] for _ in range(p)]
     out = Trajectory([], [], [], [], [], [])
     for s in range(steps):
-        totals = []
-        states = [[] for _ in range(p)]
-        selected = [[] for _ in range(p)]
-        sent_bytes = [0] * p
+        step = _Step(p)
         for i, shape in enumerate(shapes):
             n = int(np.prod(shape))
             for w in range(p):
                 u[w][i] = m * u[w][i] + grads[w][s][i]
             if not compressed[i]:
-                totals.append(worker_sum([u[w][i] for w in range(p)]))
-                for w in range(p):
-                    states[w].append((u[w][i],) if momentum else ())
-                    selected[w].append(None)
-                    sent_bytes[w] += 4 * n
+                step.dense(
+                    [u[w][i] for w in range(p)],
+                    [(u[w][i],) if momentum else () for w in range(p)],
+                )
                 continue
             if s < warmup_steps:
                 sent_dense = [u[w][i] + v[w][i] for w in range(p)]
-                totals.append(worker_sum(sent_dense))
                 for w in range(p):
                     v[w][i] = np.zeros(shape, F32)
-                    states[w].append((u[w][i], v[w][i]))
-                    selected[w].append(None)
-                    sent_bytes[w] += 4 * n
+                step.dense(sent_dense, [(u[w][i], v[w][i]) for w in range(p)])
                 continue
             k = num_selected(n, density)
             sent = []
@@ -258,17 +275,12 @@ def redsync(
                 flat_u[idx] = 0
                 u[w][i] = flat_u.reshape(shape)
                 sent.append((values, idx))
-                states[w].append((u[w][i], v[w][i]))
-                selected[w].append(idx)
-                sent_bytes[w] += SPARSE_ENTRY_BYTES * idx.size
-            totals.append(sparse_sum(n, sent).reshape(shape))
-        weights = sgd(weights, totals, lr)
-        out.totals.append(totals)
-        out.weights.append(weights)
-        out.states.append(states)
-        out.selected.append(selected)
-        out.sent_bytes.append(sent_bytes)
-        out.intra_host_bytes.append([0] * p)
+                step.states[w].append((u[w][i], v[w][i]))
+                step.selected[w].append(idx)
+                step.sent_bytes[w] += SPARSE_ENTRY_BYTES * idx.size
+            step.totals.append(sparse_sum(n, sent).reshape(shape))
+        weights = sgd(weights, step.totals, lr)
+        step.finish(out, weights)
     return out
 
 
@@ -333,27 +345,14 @@ def hierarchical_mstopk(
         sh and int(np.prod(s)) >= min_compress_size
         for s, sh in zip(shapes, sharded)
     ]
-    residual = [
-        [
-            np.zeros(layout[i][0], F32) if compressed[i] else None
-            for i in range(len(shapes))
-        ]
-        for _ in range(p)
-    ]
+    residual = _zero_residuals([shard for shard, _ in layout], compressed, p)
     out = Trajectory([], [], [], [], [], [])
     for s in range(steps):
-        totals = []
-        states = [[] for _ in range(p)]
-        selected = [[] for _ in range(p)]
-        sent_bytes, intra = [0] * p, [0] * p
+        step = _Step(p)
         for i, shape in enumerate(shapes):
             n = int(np.prod(shape))
             if not sharded[i]:
-                totals.append(worker_sum([grads[w][s][i] for w in range(p)]))
-                for w in range(p):
-                    states[w].append(())
-                    selected[w].append(None)
-                    sent_bytes[w] += 4 * n
+                step.dense([grads[w][s][i] for w in range(p)])
                 continue
             shard_shape, size = layout[i]
             blocks = {}  # host -> [g, size] host sum, zero padded
@@ -367,12 +366,12 @@ def hierarchical_mstopk(
             for w in range(p):
                 shard = blocks[hosts[w]][local[w]]
                 if g > 1:
-                    intra[w] += (g + 1) * size * 4
+                    step.intra_host_bytes[w] += (g + 1) * size * 4
                 if not compressed[i]:
                     shard_totals[local[w]].append(shard)
-                    states[w].append(())
-                    selected[w].append(None)
-                    sent_bytes[w] += 4 * size
+                    step.states[w].append(())
+                    step.selected[w].append(None)
+                    step.sent_bytes[w] += 4 * size
                     continue
                 k = num_selected(size, density)
                 acc = shard + residual[w][i].reshape(-1)
@@ -381,21 +380,16 @@ def hierarchical_mstopk(
                 )
                 residual[w][i] = rest.reshape(shard_shape)
                 shard_totals[local[w]].append((values, idx))
-                states[w].append((residual[w][i],))
-                selected[w].append(idx)
-                sent_bytes[w] += SPARSE_ENTRY_BYTES * k
+                step.states[w].append((residual[w][i],))
+                step.selected[w].append(idx)
+                step.sent_bytes[w] += SPARSE_ENTRY_BYTES * k
             pieces = [
                 sparse_sum(size, parts) if compressed[i] else worker_sum(parts)
                 for parts in shard_totals
             ]
-            totals.append(np.concatenate(pieces)[:n].reshape(shape))
-        weights = sgd(weights, totals, lr)
-        out.totals.append(totals)
-        out.weights.append(weights)
-        out.states.append(states)
-        out.selected.append(selected)
-        out.sent_bytes.append(sent_bytes)
-        out.intra_host_bytes.append(intra)
+            step.totals.append(np.concatenate(pieces)[:n].reshape(shape))
+        weights = sgd(weights, step.totals, lr)
+        step.finish(out, weights)
     return out
 
 
@@ -500,10 +494,7 @@ def sbc(
     p, steps = _check(grads)
     shapes = [np.shape(g) for g in grads[0][0]]
     compressed = [int(np.prod(s)) >= min_compress_size for s in shapes]
-    residual = [
-        [np.zeros(s, F32) if c else None for s, c in zip(shapes, compressed)]
-        for _ in range(p)
-    ]
+    residual = _zero_residuals(shapes, compressed, p)
     start = [np.asarray(w, F32) for w in weights]
     local = [list(start) for _ in range(p)]
     out = SBCTrajectory([], [], [], [], [], [], [], [])
@@ -602,26 +593,16 @@ def importance(
     p, steps = _check(grads)
     shapes = [np.shape(g) for g in grads[0][0]]
     compressed = [int(np.prod(s)) >= min_compress_size for s in shapes]
-    residual = [
-        [np.zeros(s, F32) if c else None for s, c in zip(shapes, compressed)]
-        for _ in range(p)
-    ]
+    residual = _zero_residuals(shapes, compressed, p)
     weights = [np.asarray(w, F32) for w in weights]
     out = Trajectory([], [], [], [], [], [])
     for s in range(steps):
         root = importance_root(s, p) if roots is None else roots[s]
-        totals = []
-        states = [[] for _ in range(p)]
-        selected = [[] for _ in range(p)]
-        sent_bytes = [0] * p
+        step = _Step(p)
         for i, shape in enumerate(shapes):
             n = int(np.prod(shape))
             if not compressed[i]:
-                totals.append(worker_sum([grads[w][s][i] for w in range(p)]))
-                for w in range(p):
-                    states[w].append(())
-                    selected[w].append(None)
-                    sent_bytes[w] += 4 * n
+                step.dense([grads[w][s][i] for w in range(p)])
                 continue
             k = num_selected(n, density)
             acc = [
@@ -631,23 +612,18 @@ def importance(
                 np.abs(weights[i].reshape(-1)) + F32(epsilon)
             )
             idx = np.sort(np.argsort(-score, kind="stable")[:k])
-            totals.append(
+            step.totals.append(
                 sparse_sum(n, [(a[idx], idx) for a in acc]).reshape(shape)
             )
             for w in range(p):
                 rest = acc[w].copy()
                 rest[idx] = 0
                 residual[w][i] = rest.reshape(shape)
-                states[w].append((residual[w][i],))
-                selected[w].append(idx)
-                sent_bytes[w] += (4 + 4) * k
-        weights = sgd(weights, totals, lr)
-        out.totals.append(totals)
-        out.weights.append(weights)
-        out.states.append(states)
-        out.selected.append(selected)
-        out.sent_bytes.append(sent_bytes)
-        out.intra_host_bytes.append([0] * p)
+                step.states[w].append((residual[w][i],))
+                step.selected[w].append(idx)
+                step.sent_bytes[w] += (4 + 4) * k
+        weights = sgd(weights, step.totals, lr)
+        step.finish(out, weights)
     return out
 
 
@@ -705,10 +681,7 @@ def acpsgd(
         int(np.prod(s)) >= min_compress_size and low_rank_worthwhile(s, rank)
         for s in shapes
     ]
-    residual = [
-        [np.zeros(s, F32) if c else None for s, c in zip(shapes, compressed)]
-        for _ in range(p)
-    ]
+    residual = _zero_residuals(shapes, compressed, p)
     factors = [
         [np.asarray(f, F32) for f in initial[i]] if c else None
         for i, c in enumerate(compressed)
@@ -718,17 +691,16 @@ def acpsgd(
     for s in range(steps):
         warm = s < warmup_steps
         phase = None if warm else (s - warmup_steps) % 2  # 0: P, 1: Q
-        totals = []
-        states = [[] for _ in range(p)]
-        selected = [[] for _ in range(p)]
-        sent_bytes = [0] * p
+        step = _Step(p)
         for i, shape in enumerate(shapes):
             n = int(np.prod(shape))
             if not compressed[i] or warm:
-                totals.append(worker_sum([grads[w][s][i] for w in range(p)]))
+                step.totals.append(
+                    worker_sum([grads[w][s][i] for w in range(p)])
+                )
                 for w in range(p):
-                    sent_bytes[w] += 4 * n
-                    selected[w].append(None)
+                    step.sent_bytes[w] += 4 * n
+                    step.selected[w].append(None)
             else:
                 rows, cols = matrix_shape(shape)
                 r = min(rank, rows, cols)
@@ -745,8 +717,8 @@ def acpsgd(
                         approx = fixed @ fresh.T
                     residual[w][i] = (c - approx).reshape(shape)
                     local.append(fresh)
-                    selected[w].append(fresh)
-                    sent_bytes[w] += 4 * r * (rows if phase == 0 else cols)
+                    step.selected[w].append(fresh)
+                    step.sent_bytes[w] += 4 * r * (rows if phase == 0 else cols)
                 summed = worker_sum(local)
                 factors[i][phase] = summed
                 counts[i][phase] += 1
@@ -754,10 +726,10 @@ def acpsgd(
                     total = summed @ fixed.T
                 else:
                     total = fixed @ summed.T
-                totals.append(total.reshape(shape))
+                step.totals.append(total.reshape(shape))
             for w in range(p):
                 if compressed[i]:
-                    states[w].append(
+                    step.states[w].append(
                         (
                             residual[w][i],
                             factors[i][0],
@@ -767,12 +739,7 @@ def acpsgd(
                         )
                     )
                 else:
-                    states[w].append(())
-        weights = sgd(weights, totals, lr)
-        out.totals.append(totals)
-        out.weights.append(weights)
-        out.states.append(states)
-        out.selected.append(selected)
-        out.sent_bytes.append(sent_bytes)
-        out.intra_host_bytes.append([0] * p)
+                    step.states[w].append(())
+        weights = sgd(weights, step.totals, lr)
+        step.finish(out, weights)
     return out
