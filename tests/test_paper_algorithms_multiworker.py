@@ -142,6 +142,19 @@ def _zeros(a):
     return np.flatnonzero(np.asarray(a).reshape(-1) == 0)
 
 
+def _assert_update(run, name, expected, s, i, tol, where):
+    """Worker 0's total and weights of step s, variable i against the
+    reference trajectory (the workers agree, checked apart)."""
+    first = run.results[0]
+    for kind, want in (
+        ("totals", expected.totals),
+        ("weights", expected.weights),
+    ):
+        np.testing.assert_allclose(
+            first[f"{name}/{kind}/{s}/{i}"], want[s][i], **tol, err_msg=where
+        )
+
+
 def assert_matches(run, name, expected, selection_state=-1):
     """Every worker, step and variable against a reference trajectory.
 
@@ -179,18 +192,7 @@ def assert_matches(run, name, expected, selection_state=-1):
                         zeros,
                         err_msg=f"{where} worker {w}: selection",
                     )
-            np.testing.assert_allclose(
-                first[f"{name}/totals/{s}/{i}"],
-                expected.totals[s][i],
-                **TOTAL_TOL,
-                err_msg=where,
-            )
-            np.testing.assert_allclose(
-                first[f"{name}/weights/{s}/{i}"],
-                expected.weights[s][i],
-                **TOTAL_TOL,
-                err_msg=where,
-            )
+            _assert_update(run, name, expected, s, i, TOTAL_TOL, where)
 
 
 def assert_bytes(run, name, expected):
@@ -810,18 +812,7 @@ def test_acpsgd_matches_numpy(run):
                 assert_close_up_to_column_signs(q_sum, want[2], **ACP_TOL)
                 assert (int(p_steps), int(q_steps)) == (want[3], want[4])
             # The update is sign-invariant: P Qo^T or Po Q^T.
-            np.testing.assert_allclose(
-                first[f"{name}/totals/{s}/{i}"],
-                expected.totals[s][i],
-                **ACP_TOL,
-                err_msg=where,
-            )
-            np.testing.assert_allclose(
-                first[f"{name}/weights/{s}/{i}"],
-                expected.weights[s][i],
-                **ACP_TOL,
-                err_msg=where,
-            )
+            _assert_update(run, name, expected, s, i, ACP_TOL, where)
 
 
 def test_acpsgd_alternates_one_factor_per_step(run):
