@@ -22,6 +22,15 @@ from tfgc.ops import _library
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def split_cpu(count: int) -> None:
+    """Makes `count` logical CPU devices (replicas of a MirroredStrategy
+    in one process). Call before TensorFlow initialises its devices."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * count
+    )
+
+
 def timeit(
     fn: Callable[[], object], repeats: int, fetch_below: float = math.inf
 ) -> float:

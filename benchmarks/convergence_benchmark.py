@@ -36,10 +36,9 @@ import tensorflow as tf
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-_cpus = tf.config.list_physical_devices("CPU")
-tf.config.set_logical_device_configuration(
-    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
-)
+import _common  # noqa: E402
+
+_common.split_cpu(2)
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
