@@ -173,8 +173,6 @@ def main(argv=None) -> None:
         "--output", default=os.path.join(HERE, "results", "bytes_per_step")
     )
     args = parser.parse_args(argv)
-    sys.path.insert(0, HERE)
-    import _common
 
     results = {}
     for model_name in args.models.split(","):

@@ -233,8 +233,6 @@ def main(argv=None) -> None:
         "--output", default=os.path.join(HERE, "results", "convergence_cpu")
     )
     args = parser.parse_args(argv)
-    sys.path.insert(0, HERE)
-    import _common
 
     results = {}
     for task_name in args.tasks.split(","):
