@@ -15,6 +15,7 @@ from tfgc.compressors.base import (
     ALL_REDUCE,
     BROADCAST,
     ROOT_FIELD,
+    wire_fields,
 )
 
 _Options = tf.distribute.experimental.CommunicationOptions
@@ -195,13 +196,12 @@ class Communicator:
         slots: dict[str, list[tuple[int, int]]] = {}
         for i, route in enumerate(routes):
             # A broadcast's root names the sender; it is not sent.
-            fields = getattr(payloads[i], "_fields", ())
-            skipped = ROOT_FIELD if route == BROADCAST else None
-            slots.setdefault(route, []).extend(
-                (i, j)
-                for j in range(len(flat[i]))
-                if j >= len(fields) or fields[j] != skipped
+            sent = (
+                wire_fields(payloads[i])
+                if route == BROADCAST
+                else range(len(flat[i]))
             )
+            slots.setdefault(route, []).extend((i, j) for j in sent)
         received = [list(f) for f in flat]
         overhead = exchange.zero_bytes()
         for route, members in slots.items():

@@ -138,12 +138,23 @@ def num_elements(shape) -> int:
     return int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
 
 
+def wire_fields(payload) -> list[int]:
+    """Positions of the payload's fields that go on the wire: all but a
+    broadcast's `root` (a payload without field names sends them all)."""
+    names = getattr(payload, "_fields", ())
+    return [
+        j
+        for j in range(len(payload))
+        if j >= len(names) or names[j] != ROOT_FIELD
+    ]
+
+
 def payload_nbytes(payload) -> tf.Tensor:
     """Bytes of a payload as it goes on the wire (int64 scalar tensor)."""
     total = tf.constant(0, tf.int64)
-    for name, field in zip(payload._fields, payload):
-        if name != ROOT_FIELD:
-            total += tf.size(field, out_type=tf.int64) * field.dtype.size
+    for j in wire_fields(payload):
+        field = payload[j]
+        total += tf.size(field, out_type=tf.int64) * field.dtype.size
     return total
 
 
