@@ -27,11 +27,19 @@ def test_untested_tensorflow_is_refused(monkeypatch):
         _keras_compat.check_versions()
 
 
-def test_inner_optimizer_no_longer_sums():
+def test_inner_optimizer_skips_its_sum_only_when_told():
     opt = keras.optimizers.SGD()
-    _keras_compat.disable_gradient_sum(opt)
+    calls = []
+    opt._all_reduce_sum_gradients = lambda pairs: calls.append(pairs) or pairs
+    _keras_compat.sum_gradients_unless_summed(opt)
+    _keras_compat.sum_gradients_unless_summed(opt)  # idempotent
     pairs = [(tf.ones(2), "v")]
-    assert opt._all_reduce_sum_gradients(pairs) == pairs
+    with _keras_compat.gradients_already_summed():
+        assert opt._all_reduce_sum_gradients(pairs) == pairs
+    assert calls == []
+    # On its own, the optimizer sums as Keras does.
+    opt._all_reduce_sum_gradients(pairs)
+    assert calls == [pairs]
 
 
 def test_fit_patch_is_installed_once():

@@ -1,11 +1,14 @@
 """Every use of Keras private API in tfgc, fenced and version-checked.
 
-Two things need it:
+Three things need it:
 1. `CompressedOptimizer` communicates gradients itself, so the inner
    optimizer must not all-reduce them again. Keras 3 sums inside
    `TFOptimizer._all_reduce_sum_gradients` and has no public switch
    (keras-team/keras#19308).
-2. `model.fit` under `MultiWorkerMirroredStrategy` is broken upstream
+2. `LossScaleOptimizer` (what the `mixed_float16` policy adds) decides
+   from each worker's local gradients whether to skip a step; around a
+   communicating optimizer every worker must decide the same.
+3. `model.fit` under `MultiWorkerMirroredStrategy` is broken upstream
    (keras-team/keras#20585): `TensorFlowTrainer._maybe_symbolic_build`
    reduces the first distributed batch with `strategy.reduce`, and
    `reduce_per_replica` reduces scalar metrics with `axis=0`. The fix below
@@ -17,8 +20,10 @@ Outside the tested Keras versions this module refuses to run unless
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import threading
 import warnings
 
 import keras
@@ -71,27 +76,93 @@ def check_versions() -> None:
 
 # --- 1. keep the inner optimizer from summing a second time ---------------
 
-
-def _already_summed(grads_and_vars):
-    return list(grads_and_vars)
+_summed = threading.local()
 
 
-def disable_gradient_sum(optimizer: keras.optimizers.Optimizer) -> None:
-    """Makes `optimizer.apply` take gradients that are already summed.
+@contextlib.contextmanager
+def gradients_already_summed():
+    """Within this block (on this thread), optimizers prepared by
+    `sum_gradients_unless_summed` take their gradients as already summed.
 
-    Permanent for this instance: the wrapper that owns it communicates.
-    (A temporary patch would race: MirroredStrategy runs replicas in
-    threads.)
+    Thread-local because MirroredStrategy traces its replicas in threads:
+    each replica's wrapper marks only its own call into the inner
+    optimizer.
     """
-    if not callable(getattr(optimizer, "_all_reduce_sum_gradients", None)):
+    previous = getattr(_summed, "active", False)
+    _summed.active = True
+    try:
+        yield
+    finally:
+        _summed.active = previous
+
+
+def sum_gradients_unless_summed(optimizer: keras.optimizers.Optimizer) -> None:
+    """Makes `optimizer` skip its all-reduce inside
+    `gradients_already_summed()`, and only there.
+
+    Used on its own (outside a wrapper's call) the optimizer still sums
+    its gradients across replicas as Keras does. Idempotent.
+    """
+    original = getattr(optimizer, "_all_reduce_sum_gradients", None)
+    if not callable(original):
         raise RuntimeError(
             f"{type(optimizer).__name__} has no `_all_reduce_sum_gradients`; "
             f"keras {keras.version()} is not supported by tfgc."
         )
-    optimizer._all_reduce_sum_gradients = _already_summed
+    if getattr(original, "_tfgc_skips_when_summed", False):
+        return
+
+    def all_reduce_sum_gradients(grads_and_vars):
+        if getattr(_summed, "active", False):
+            return list(grads_and_vars)
+        return original(grads_and_vars)
+
+    all_reduce_sum_gradients._tfgc_skips_when_summed = True
+    optimizer._all_reduce_sum_gradients = all_reduce_sum_gradients
 
 
-# --- 2. model.fit under MultiWorkerMirroredStrategy -----------------------
+def step_counter(optimizer: keras.optimizers.Optimizer):
+    """The variable that counts `optimizer.apply` calls.
+
+    With `gradient_accumulation_steps`, Keras's public `iterations` is that
+    count divided by the steps (a tensor, not the variable).
+    """
+    return optimizer._iterations
+
+
+# --- 2. loss scaling: one finite/non-finite decision for all workers --------
+
+_loss_scale_patched = False
+
+
+def agree_on_finite_gradients() -> None:
+    """Makes `LossScaleOptimizer` take the same finite/non-finite decision
+    on every worker when it wraps an optimizer that communicates itself.
+
+    Keras decides from this worker's own gradients, before they are
+    summed. A wrapped `CompressedOptimizer` communicates inside the
+    "finite" branch, so a worker that alone saw an Inf would skip the
+    collectives the others enter: a hang. The inner optimizer's
+    `agree_finite(finite)` (a collective) makes the decision global.
+    Idempotent; other inner optimizers keep Keras's behaviour.
+    """
+    global _loss_scale_patched
+    if _loss_scale_patched:
+        return
+    cls = keras.optimizers.LossScaleOptimizer
+    original = cls.check_finite
+
+    @functools.wraps(original)
+    def check_finite(self, grads):
+        finite = original(self, grads)
+        agree = getattr(self.inner_optimizer, "agree_finite", None)
+        return finite if agree is None else agree(finite)
+
+    cls.check_finite = check_finite
+    _loss_scale_patched = True
+
+
+# --- 3. model.fit under MultiWorkerMirroredStrategy -----------------------
 
 _trainer = None  # keras.src.backend.tensorflow.trainer, once patched
 

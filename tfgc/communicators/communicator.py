@@ -141,6 +141,17 @@ class Communicator:
             topology, range(topology.num_replicas), replica_id(), self.options
         )
 
+    def all_true(self, flag: tf.Tensor) -> tf.Tensor:
+        """True on every replica if the scalar bool `flag` is True on all
+        of them (one small all-reduce; none with one replica)."""
+        topology = self._topology()
+        if topology.num_replicas == 1:
+            return flag
+        false_count = self.group().all_reduce(
+            tf.reshape(tf.cast(tf.logical_not(flag), tf.float32), [1])
+        )
+        return tf.equal(false_count[0], 0.0)
+
     def step(
         self, compressors, tensors, states, keys, variables=None
     ) -> exchange.StepResult:

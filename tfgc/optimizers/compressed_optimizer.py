@@ -41,6 +41,9 @@ class _Plan(NamedTuple):
     # The weights when the communication round started (compressors that
     # compress weight updates, SBC); else None.
     round_start: object = None
+    # The sum of this worker's gradients since the last exchange, when the
+    # inner optimizer accumulates gradients; else None.
+    accumulator: object = None
 
     @property
     def compressor(self) -> Compressor:
@@ -66,13 +69,19 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
     asked), exchanged with the other workers through fused collectives of
     the current `tf.distribute` replica context, decompressed into the sum
     over workers, and handed to `inner_optimizer`, which is kept from
-    summing a second time (the inner optimizer then belongs to the
-    wrapper: do not also use it on its own). With one replica (no strategy)
-    compression still runs, so results match multi-worker semantics;
-    communication is skipped.
+    summing a second time (only inside this wrapper's calls). With one
+    replica (no strategy) compression still runs, so results match
+    multi-worker semantics; communication is skipped.
 
     Clipping and weight decay configured on the inner optimizer act on the
-    communicated (summed) gradient.
+    communicated (summed) gradient. Its `loss_scale_factor` is applied
+    through `scale_loss`, which delegates. With its
+    `gradient_accumulation_steps`, each worker accumulates locally and the
+    sum is exchanged once per update. Variables that Keras overwrites with
+    their gradient (float8 scales) are passed through untouched. For
+    `mixed_float16`, wrap the other way round (as `model.compile` does):
+    `LossScaleOptimizer(CompressedOptimizer(...))`; `agree_finite` makes
+    its skip decision the same on every worker.
 
     A compressor that applies momentum itself (`RedSync(momentum=0.9)`)
     needs an inner optimizer that applies the summed update as it is:
@@ -135,6 +144,17 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 "`inner_optimizer` is already a CompressedOptimizer; wrap "
                 "the plain optimizer once."
             )
+        if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+            raise ValueError(
+                "Wrap the other way round: keras.optimizers."
+                "LossScaleOptimizer(tfgc.CompressedOptimizer(optimizer, "
+                "...)), or compile with the 'mixed_float16' dtype policy, "
+                "which adds the LossScaleOptimizer itself. Inside tfgc it "
+                "would decide per worker whether to skip a step and sum "
+                "the gradients a second time. Received inner_optimizer="
+                "LossScaleOptimizer("
+                f"{type(inner_optimizer.inner_optimizer).__name__})"
+            )
         if isinstance(compressor, compressors_lib.ErrorFeedback):
             raise ValueError(
                 "Pass the bare compressor and `error_feedback=True` instead "
@@ -178,19 +198,35 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 "or use another compressor."
             )
         _check_momentum_applied_once(self.compressor, inner_optimizer)
+        if (
+            self.compressor.compresses_updates
+            and inner_optimizer.gradient_accumulation_steps
+        ):
+            raise ValueError(
+                f"{type(self.compressor).__name__} already communicates "
+                f"once per {self.compressor.delay} local steps; combined "
+                "with the inner optimizer's gradient_accumulation_steps="
+                f"{inner_optimizer.gradient_accumulation_steps} the rounds "
+                "would cut through accumulations. Drop "
+                "gradient_accumulation_steps and raise the compressor's "
+                "`delay` instead."
+            )
         # Last, so that a refused configuration leaves the user's optimizer
-        # as it was.
-        _keras_compat.disable_gradient_sum(inner_optimizer)
+        # as it was. Both act only inside this wrapper's calls.
+        _keras_compat.sum_gradients_unless_summed(inner_optimizer)
+        _keras_compat.agree_on_finite_gradients()
 
     # --- building ----------------------------------------------------------
 
     def _compressors_for(
-        self, shape, part, dtype, network
+        self, variable, part, network
     ) -> tuple[tuple[Compressor, ...], Compressor]:
         """(phases, warm-up compressor) for one variable's gradient."""
         compressor = self.compressor
+        shape, dtype = tuple(variable.shape), variable.dtype
         if (
-            num_elements(shape) < self.min_compress_size
+            _overwrites_with_gradient(variable)
+            or num_elements(shape) < self.min_compress_size
             or self.communicator.sends_dense(shape)
             or not compressor.should_compress(part, dtype, network)
         ):
@@ -233,6 +269,10 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         # Checked before anything is created or communicated.
         _check_step_counter(self.inner_optimizer, topology)
         self.inner_optimizer.build(var_list)
+        # Read at build, as Keras does: tfgc accumulates in its place.
+        self._accumulation_steps = (
+            self.inner_optimizer.gradient_accumulation_steps or 0
+        )
         self.communicator.build(topology)
         network = self._network()
         self._network_cost = network.cost
@@ -240,9 +280,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         for index, variable in enumerate(var_list):
             shape = tuple(variable.shape)
             part = self.communicator.compressed_shape(shape)
-            phases, warmup = self._compressors_for(
-                shape, part, variable.dtype, network
-            )
+            phases, warmup = self._compressors_for(variable, part, network)
             seed = self.seed * 1_000_003 + index
             initial = phases[0].init_state(
                 part, variable.dtype, self._key(seed, _INIT_STEP)
@@ -270,6 +308,17 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                     aggregation="none",
                     name=f"{path}_round_start",
                 )
+            accumulator = None
+            if self._accumulation_steps and not _overwrites_with_gradient(
+                variable
+            ):
+                # This worker's gradients since the last exchange.
+                accumulator = self.add_variable(
+                    shape=shape,
+                    dtype=variable.dtype,
+                    aggregation="none",
+                    name=f"{path}_accumulated",
+                )
             self._plans.append(
                 _Plan(
                     phases,
@@ -278,6 +327,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                     state_variables,
                     seed,
                     round_start,
+                    accumulator,
                 )
             )
 
@@ -295,6 +345,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         self._dense_bytes = sum(
             num_elements(tuple(v.shape)) * tf.as_dtype(v.dtype).size
             for v in var_list
+            if not _overwrites_with_gradient(v)
         )
         super().build(var_list)
 
@@ -342,12 +393,44 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         ]
         if self.compressor.compresses_updates:
             self._apply_local_step_then_round(grads, trainable_variables)
-            return
-        summed, traffic = self._exchange(
-            grads, trainable_variables, self.iterations
-        )
-        self._count(traffic)
-        self.inner_optimizer.apply(summed, trainable_variables)
+        elif self._accumulation_steps:
+            self._apply_accumulated(grads, trainable_variables)
+        else:
+            exchanged = _without_overwritten(grads, trainable_variables)
+            summed, traffic = self._exchange(
+                exchanged, trainable_variables, self.iterations
+            )
+            self._count(traffic)
+            self._inner_apply(
+                _with_overwritten(summed, grads, trainable_variables),
+                trainable_variables,
+            )
+
+    def apply_gradients(self, grads_and_vars):
+        grads, trainable_variables = zip(*grads_and_vars)
+        self.apply(grads, trainable_variables)
+        # The step counter that counts is the inner optimizer's.
+        return self.iterations
+
+    def _inner_apply(self, grads, trainable_variables):
+        """The inner optimizer's step on gradients that are already summed."""
+        with _keras_compat.gradients_already_summed():
+            self.inner_optimizer.apply(grads, trainable_variables)
+
+    def scale_loss(self, loss):
+        # The inner optimizer divides by its `loss_scale_factor`, so it
+        # also scales.
+        return self.inner_optimizer.scale_loss(loss)
+
+    def agree_finite(self, finite):
+        """True on every worker if `finite` (a scalar bool, this worker's
+        verdict on its gradients) is True on all of them.
+
+        `LossScaleOptimizer` calls it so that every worker skips the same
+        steps: one that skipped alone would leave the others waiting in
+        their collectives.
+        """
+        return self.communicator.all_true(finite)
 
     def _plans_of(self, items, trainable_variables):
         """(indices, plans) of the items that are not None."""
@@ -367,8 +450,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         """
         present, plans = self._plans_of(tensors, trainable_variables)
         if not present:
-            zero = tf.constant(0, tf.int64)
-            return list(tensors), communicators.Traffic(zero, zero, zero)
+            return list(tensors), _no_traffic()
         states = [
             tf.nest.pack_sequence_as(
                 plan.state_structure,
@@ -380,7 +462,9 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         keys = [self._key(plan.seed, step) for plan in plans]
         variables = None
         if any(c.reads_step_info for p in plans for c in p.phases):
-            variables = [trainable_variables[i].value for i in present]
+            variables = [
+                tf.convert_to_tensor(trainable_variables[i]) for i in present
+            ]
 
         def run(compressors):
             return self.communicator.step(
@@ -428,6 +512,70 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         self._run_bytes.assign_add(traffic.sent + traffic.overhead)
         self._run_steps.assign_add(1)
 
+    def _apply_accumulated(self, grads, trainable_variables):
+        """Adds the gradients to this worker's accumulators; every
+        `gradient_accumulation_steps`-th call exchanges the accumulated sum
+        once and applies its mean, as the inner optimizer would.
+
+        The choice runs in cross-replica context (as `LossScaleOptimizer`
+        does): the inner optimizer's update may use `merge_call`, which
+        refuses to run inside a replica's `tf.cond`.
+        """
+        steps = self._accumulation_steps
+        inner = self.inner_optimizer
+        # Counts micro-batches; `inner.iterations` counts updates.
+        calls = _keras_compat.step_counter(inner)
+
+        def exchange_and_apply(grads):
+            exchanged = _without_overwritten(grads, trainable_variables)
+            present, plans = self._plans_of(exchanged, trainable_variables)
+            for i, plan in zip(present, plans):
+                exchanged[i] = exchanged[i] + plan.accumulator
+            # Warm-up, phases and keys count exchanges, not micro-batches.
+            exchange_index = tf.cast(calls, tf.int64) // steps
+            summed, traffic = self._exchange(
+                exchanged, trainable_variables, exchange_index
+            )
+            self._count(traffic)
+            for i, plan in zip(present, plans):
+                summed[i] = summed[i] / steps
+                plan.accumulator.assign(tf.zeros_like(plan.accumulator))
+            summed = _with_overwritten(summed, grads, trainable_variables)
+            self._inner_apply(summed, trainable_variables)
+
+        def accumulate(grads):
+            exchanged = _without_overwritten(grads, trainable_variables)
+            present, plans = self._plans_of(exchanged, trainable_variables)
+            for i, plan in zip(present, plans):
+                plan.accumulator.assign_add(exchanged[i])
+            self._count(_no_traffic())
+
+        def cross_replica(strategy, grads):
+            each_replica = strategy.extended.call_for_each_replica
+
+            def update():
+                # The inner optimizer takes the accumulated mean as one
+                # step; its own accumulation would count it as a
+                # micro-batch. Nothing else runs meanwhile: the replicas
+                # wait in this merge_call.
+                saved = inner.gradient_accumulation_steps
+                inner.gradient_accumulation_steps = None
+                try:
+                    each_replica(exchange_and_apply, args=(grads,))
+                finally:
+                    inner.gradient_accumulation_steps = saved
+
+            def add():
+                each_replica(accumulate, args=(grads,))
+                calls.assign_add(1)
+
+            is_update = (calls + 1) % steps == 0
+            tf.cond(is_update, update, add)
+
+        tf.distribute.get_replica_context().merge_call(
+            cross_replica, args=(grads,)
+        )
+
     def _apply_local_step_then_round(self, grads, trainable_variables):
         """A local step of the inner optimizer; at a round's end, exchange.
 
@@ -437,7 +585,11 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         weight update since the round started, and all continue from the
         round-start weights plus the mean of the updates.
         """
-        present, plans = self._plans_of(grads, trainable_variables)
+        # Overwritten variables (float8 scales) take no part in rounds.
+        present, plans = self._plans_of(
+            _without_overwritten(grads, trainable_variables),
+            trainable_variables,
+        )
         replicas = tf.distribute.get_replica_context().num_replicas_in_sync
         delay = self.compressor.delay
         step = tf.cast(self.iterations, tf.int64)
@@ -448,8 +600,14 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             return tf.constant(True)
 
         tf.cond(step % delay == 0, start_round, lambda: tf.constant(False))
-        local = [None if g is None else g * replicas for g in grads]
-        self.inner_optimizer.apply(local, trainable_variables)
+        local = [
+            None if g is None else g * replicas
+            for g in _without_overwritten(grads, trainable_variables)
+        ]
+        self._inner_apply(
+            _with_overwritten(local, grads, trainable_variables),
+            trainable_variables,
+        )
 
         def end_round():
             updates = [None] * len(grads)
@@ -461,11 +619,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 trainable_variables[i].assign(plan.round_start + mean)
             return traffic
 
-        def local_only():
-            zero = tf.constant(0, tf.int64)
-            return communicators.Traffic(zero, zero, zero)
-
-        traffic = tf.cond((step + 1) % delay == 0, end_round, local_only)
+        traffic = tf.cond((step + 1) % delay == 0, end_round, _no_traffic)
         self._count(traffic)
 
     # --- reporting ---------------------------------------------------------
@@ -551,7 +705,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
 
 def _variable_name(variable, index: int) -> str:
     """A name for state variables: the variable's path, or its index."""
-    path = getattr(variable, "path", None) or getattr(variable, "name", None)
+    path = _describe(variable)
     if not path:
         return f"variable_{index}"
     return path.replace("/", "_").replace(":", "_")
@@ -596,8 +750,9 @@ def _check_step_counter(inner, topology):
     replicas.
     """
     replicas = len(topology.devices)
+    counter = _keras_compat.step_counter(inner)
     if replicas < 2 or isinstance(
-        inner.iterations.value, tf.distribute.DistributedValues
+        counter.value, tf.distribute.DistributedValues
     ):
         return
     raise ValueError(
@@ -610,6 +765,39 @@ def _check_step_counter(inner, topology):
     )
 
 
+def _no_traffic() -> communicators.Traffic:
+    """The traffic of a step that sends nothing."""
+    zero = tf.constant(0, tf.int64)
+    return communicators.Traffic(zero, zero, zero)
+
+
+def _overwrites_with_gradient(variable) -> bool:
+    """Keras float8 scales and histories take their gradient as their new
+    value; they are neither compressed nor summed (as in Keras)."""
+    return bool(getattr(variable, "overwrite_with_gradient", False))
+
+
+def _without_overwritten(grads, trainable_variables) -> list:
+    """`grads` with None for the variables that are overwritten."""
+    return [
+        None if _overwrites_with_gradient(v) else g
+        for g, v in zip(grads, trainable_variables)
+    ]
+
+
+def _with_overwritten(summed, grads, trainable_variables) -> list:
+    """`summed`, with the local gradients of the overwritten variables."""
+    return [
+        g if _overwrites_with_gradient(v) else s
+        for s, g, v in zip(summed, grads, trainable_variables)
+    ]
+
+
+def _describe(variable) -> str:
+    """The variable's path (Keras) or name (a raw tf.Variable)."""
+    return getattr(variable, "path", None) or variable.name
+
+
 def _check_gradient(grad, variable):
     if grad is None:
         return None
@@ -620,7 +808,7 @@ def _check_gradient(grad, variable):
     if not grad.dtype.is_floating:
         raise TypeError(
             "Gradients must be floating point. Received a gradient of dtype "
-            f"{grad.dtype.name} for variable {variable.path!r}; make the "
+            f"{grad.dtype.name} for variable {_describe(variable)!r}; make the "
             "variable non-trainable or cast its gradient."
         )
     if grad.shape.is_fully_defined() and tuple(grad.shape) != tuple(
@@ -628,6 +816,6 @@ def _check_gradient(grad, variable):
     ):
         raise ValueError(
             f"Gradient shape {tuple(grad.shape)} does not match variable "
-            f"{variable.path!r} of shape {tuple(variable.shape)}."
+            f"{_describe(variable)!r} of shape {tuple(variable.shape)}."
         )
     return grad
