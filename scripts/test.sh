@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, then runs every test, the multi-worker and slow ones included.
 # (Plain `pytest` runs only the fast ones.) Extra arguments go to pytest.
+# With TFGC_REQUIRE_CUSTOM_OPS=1 (.ci/run sets it) the run fails at once
+# when the compiled ops did not build, instead of testing the fallback.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

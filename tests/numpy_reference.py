@@ -1,5 +1,6 @@
 """numpy references of MSTopK, RedSync, HiTopKComm, SBC, importance-weighted
-pruning and ACP-SGD as tfgc runs them.
+pruning, ACP-SGD, TopK, RandomK, EF-SignSGD, PowerSGD, FP16, BF16 and
+Identity as tfgc runs them.
 
 numpy only (no TensorFlow): the multi-worker tests
 (tests/test_paper_algorithms_multiworker.py) replay every worker's
@@ -20,6 +21,8 @@ Conventions shared by every function:
 * Everything is float32; sums over workers are taken in worker order (the
   real collectives may add in another order: compare totals and weights
   with a tolerance, per-worker states bit for bit or nearly so).
+* What numpy cannot draw, TF's stateless random numbers (RandomK's
+  positions, PowerSGD's initial Q), is an argument, drawn by the caller.
 """
 
 from __future__ import annotations
@@ -122,6 +125,29 @@ def _zero_residuals(shapes, compressed, p):
     ]
 
 
+def _at_least(min_compress_size: int):
+    """Which tensors a compressor takes: those of `min_compress_size`
+    elements or more."""
+    return lambda shape: int(np.prod(shape)) >= min_compress_size
+
+
+def _low_rank(rank: int, min_compress_size: int):
+    """Which tensors a low-rank compressor takes: large enough matrices
+    whose rank-r factors are smaller than they are."""
+    large = _at_least(min_compress_size)
+    return lambda shape: large(shape) and low_rank_worthwhile(shape, rank)
+
+
+def _start(grads, compressible):
+    """(p, steps, shapes, compressed, residuals) of a run with error
+    feedback: `compressible(shape)` says which tensors are compressed,
+    whose residuals start at zero (None for the others)."""
+    p, steps = _check(grads)
+    shapes = [np.shape(g) for g in grads[0][0]]
+    compressed = [bool(compressible(s)) for s in shapes]
+    return p, steps, shapes, compressed, _zero_residuals(shapes, compressed, p)
+
+
 class _Step:
     """One step's records, filled tensor by tensor, then appended to a
     `Trajectory` with `finish`."""
@@ -169,10 +195,9 @@ def mstopk(
     acc = g + residual; the worker sends acc at np_select(acc, k, "mstopk")
     and keeps acc with those entries zeroed as its next residual.
     """
-    p, steps = _check(grads)
-    shapes = [np.shape(g) for g in grads[0][0]]
-    compressed = [int(np.prod(s)) >= min_compress_size for s in shapes]
-    residual = _zero_residuals(shapes, compressed, p)
+    p, steps, shapes, compressed, residual = _start(
+        grads, _at_least(min_compress_size)
+    )
     out = Trajectory([], [], [], [], [], [])
     for s in range(steps):
         step = _Step(p)
@@ -491,10 +516,9 @@ def sbc(
     A - sent as the residual, the others send A = w_w - w_start dense; every
     worker continues from w_start + (sum of the sent) / p.
     """
-    p, steps = _check(grads)
-    shapes = [np.shape(g) for g in grads[0][0]]
-    compressed = [int(np.prod(s)) >= min_compress_size for s in shapes]
-    residual = _zero_residuals(shapes, compressed, p)
+    p, steps, shapes, compressed, residual = _start(
+        grads, _at_least(min_compress_size)
+    )
     start = [np.asarray(w, F32) for w in weights]
     local = [list(start) for _ in range(p)]
     out = SBCTrajectory([], [], [], [], [], [], [], [])
@@ -590,10 +614,9 @@ def importance(
     the step; every worker sends acc there (the sum is the total) and
     keeps acc with those entries zeroed. Smaller tensors are summed dense.
     """
-    p, steps = _check(grads)
-    shapes = [np.shape(g) for g in grads[0][0]]
-    compressed = [int(np.prod(s)) >= min_compress_size for s in shapes]
-    residual = _zero_residuals(shapes, compressed, p)
+    p, steps, shapes, compressed, residual = _start(
+        grads, _at_least(min_compress_size)
+    )
     weights = [np.asarray(w, F32) for w in weights]
     out = Trajectory([], [], [], [], [], [])
     for s in range(steps):
@@ -675,13 +698,9 @@ def acpsgd(
     for compressed tensors, () for dense ones. `selected` holds, per step,
     worker and tensor, the local factor sent (None if dense).
     """
-    p, steps = _check(grads)
-    shapes = [np.shape(g) for g in grads[0][0]]
-    compressed = [
-        int(np.prod(s)) >= min_compress_size and low_rank_worthwhile(s, rank)
-        for s in shapes
-    ]
-    residual = _zero_residuals(shapes, compressed, p)
+    p, steps, shapes, compressed, residual = _start(
+        grads, _low_rank(rank, min_compress_size)
+    )
     factors = [
         [np.asarray(f, F32) for f in initial[i]] if c else None
         for i, c in enumerate(compressed)
@@ -740,6 +759,182 @@ def acpsgd(
                     )
                 else:
                     step.states[w].append(())
+        weights = sgd(weights, step.totals, lr)
+        step.finish(out, weights)
+    return out
+
+
+# --- One-round compressors with error feedback: TopK, RandomK, EF-SignSGD,
+# --- FP16, BF16; Identity --------------------------------------------------
+
+
+def to_float16(x) -> np.ndarray:
+    """float32 rounded to the nearest float16 (ties to even; past the
+    largest, inf), as float32."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, F32).astype(np.float16).astype(F32)
+
+
+def to_bfloat16(x) -> np.ndarray:
+    """float32 rounded to the nearest bfloat16 (ties to even; past the
+    largest, inf), as float32: the 16 low bits rounded away. Not for NaN."""
+    x = np.array(x, F32, order="C")
+    bits = x.view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.astype(np.uint32).view(F32).reshape(x.shape)
+
+
+#: The rounding of each 16-bit wire type, and its unit roundoff.
+CASTS = {"float16": (to_float16, 2.0**-11), "bfloat16": (to_bfloat16, 2.0**-8)}
+
+
+def cast_sum(arrays, dtype: str) -> np.ndarray:
+    """The sum in a 16-bit type, in worker order: every input and every
+    partial sum rounded (each add in float32, as TF's 16-bit adds)."""
+    rounding, _ = CASTS[dtype]
+    total = rounding(arrays[0])
+    for a in arrays[1:]:
+        total = rounding(total + rounding(a))
+    return total
+
+
+def topk_send(density: float):
+    """TopK(density): the k largest |acc| with their values."""
+
+    def send(acc, step, index):
+        del step, index
+        flat = acc.reshape(-1)
+        k = num_selected(flat.size, density)
+        idx = np.sort(np.argsort(-np.abs(flat), kind="stable")[:k])
+        sent = sparse_sum(flat.size, [(flat[idx], idx)])
+        return sent.reshape(acc.shape), idx, SPARSE_ENTRY_BYTES * k
+
+    return send
+
+
+def randomk_send(indices):
+    """RandomK: acc at `indices[step][index]`, the positions every worker
+    draws from the shared key (only values travel)."""
+
+    def send(acc, step, index):
+        flat = acc.reshape(-1)
+        idx = np.sort(np.asarray(indices[step][index], np.int64))
+        sent = sparse_sum(flat.size, [(flat[idx], idx)])
+        return sent.reshape(acc.shape), idx, 4 * idx.size
+
+    return send
+
+
+def sign_send(acc, step, index):
+    """EF-SignSGD: mean |acc| times the sign of acc (zero counts as +)."""
+    del step, index
+    flat = acc.reshape(-1)
+    scale = np.mean(np.abs(flat), dtype=F32)
+    sent = np.where(flat >= 0, scale, -scale).astype(F32)
+    return sent.reshape(acc.shape), None, 4 * -(-flat.size // 32) + 4
+
+
+def cast_send(dtype: str):
+    """FP16 / BF16: acc rounded to the 16-bit type."""
+    rounding, _ = CASTS[dtype]
+
+    def send(acc, step, index):
+        del step, index
+        return rounding(acc), None, 2 * acc.size
+
+    return send
+
+
+def one_round(
+    grads,
+    weights,
+    lr,
+    send,
+    min_compress_size=1024,
+    reduce=worker_sum,
+) -> Trajectory:
+    """A one-round compressor with error feedback, inner SGD(lr).
+
+    acc = g + residual; `send(acc, step, var)` returns (the dense tensor
+    the worker's payload stands for, the increasing flat indices it
+    selected or None, the payload's bytes); the total is `reduce` of what
+    the workers sent (default: the float32 sum), the new residual acc -
+    sent. Tensors with fewer than `min_compress_size` elements, and every
+    tensor when `send` is None (Identity), are summed dense, without state.
+    """
+    p, steps, shapes, compressed, residual = _start(
+        grads, _at_least(min_compress_size if send else math.inf)
+    )
+    out = Trajectory([], [], [], [], [], [])
+    for s in range(steps):
+        step = _Step(p)
+        for i in range(len(shapes)):
+            if not compressed[i]:
+                step.dense([grads[w][s][i] for w in range(p)])
+                continue
+            sent = []
+            for w in range(p):
+                acc = grads[w][s][i] + residual[w][i]
+                estimate, idx, nbytes = send(acc, s, i)
+                residual[w][i] = acc - estimate
+                sent.append(estimate)
+                step.states[w].append((residual[w][i],))
+                step.selected[w].append(idx)
+                step.sent_bytes[w] += nbytes
+            step.totals.append(reduce(sent))
+        weights = sgd(weights, step.totals, lr)
+        step.finish(out, weights)
+    return out
+
+
+# --- PowerSGD: two all-reduces per step, warm-started Q ----------------------
+
+
+def powersgd(
+    grads,
+    weights,
+    lr,
+    rank,
+    initial,
+    min_compress_size=1024,
+) -> Trajectory:
+    """PowerSGD(rank) with error feedback, inner SGD(lr).
+
+    `initial[i]` is the initial Q [cols, r] of compressed tensor i (TF's
+    seeded normal draw). With C = M + E (M the gradient as a (rows, cols)
+    matrix, E the residual): P = sum C Q; Po = orth(P); Q' = sum C^T Po;
+    the total is Po Q'^T; E' = C - Po (C^T Po)^T; Q' is the next Q.
+    Tensors below `min_compress_size`, 1-D ones and those whose factors are
+    not smaller than the matrix are summed dense.
+
+    States, as `_plans[i].state_variables`: (E, Q) for compressed tensors,
+    () for dense ones. `selected` is None throughout.
+    """
+    p, steps, shapes, compressed, residual = _start(
+        grads, _low_rank(rank, min_compress_size)
+    )
+    q = [None if q0 is None else np.asarray(q0, F32) for q0 in initial]
+    out = Trajectory([], [], [], [], [], [])
+    for s in range(steps):
+        step = _Step(p)
+        for i, shape in enumerate(shapes):
+            if not compressed[i]:
+                step.dense([grads[w][s][i] for w in range(p)])
+                continue
+            rows, cols = matrix_shape(shape)
+            c = [
+                (grads[w][s][i] + residual[w][i]).reshape(rows, cols)
+                for w in range(p)
+            ]
+            p_orth = orthonormal(worker_sum([m @ q[i] for m in c]))
+            local = [m.T @ p_orth for m in c]
+            q[i] = worker_sum(local)
+            step.totals.append((p_orth @ q[i].T).reshape(shape))
+            for w in range(p):
+                residual[w][i] = (c[w] - p_orth @ local[w].T).reshape(shape)
+                step.states[w].append((residual[w][i], q[i]))
+                step.selected[w].append(None)
+                step.sent_bytes[w] += 4 * (rows + cols) * q[i].shape[1]
         weights = sgd(weights, step.totals, lr)
         step.finish(out, weights)
     return out

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import tfgc
+from tests import numpy_reference
 
 
 def _model(seed=0):
@@ -343,31 +344,78 @@ def test_inner_must_be_a_keras_optimizer():
         tfgc.CompressedOptimizer(opt)
 
 
+def _half_precision_grads(p, n, k, dtype):
+    """([p, n] float32 gradients exact in `dtype`, one row per replica;
+    [p, k] the positions of each row's k largest magnitudes).
+
+    Replica r's magnitudes lie in [4^-r, 2 * 4^-r), so no sum over the
+    replicas cancels, with random signs; on k positions of its own it has
+    magnitudes 8 + 0.25 j instead, all distinct: its top k, without ties.
+    """
+    rng = np.random.default_rng(2)
+    grads = rng.uniform(1, 2, size=(p, n)) * 4.0 ** -np.arange(p)[:, None]
+    grads *= rng.choice([-1.0, 1.0], size=(p, n))
+    planted = rng.permutation(n)[: p * k].reshape(p, k)
+    for r in range(p):
+        large = 8 + 0.25 * (r * k + np.arange(k))
+        grads[r, planted[r]] = np.sign(grads[r, planted[r]]) * large
+    rounding, _ = numpy_reference.CASTS[dtype]
+    return rounding(grads.astype("float32")), planted
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("compressor", ["topk", "signsgd", "randomk"])
-def test_half_precision_gradients_travel(mirrored, dtype, compressor):
+@pytest.mark.parametrize("name", ["topk", "signsgd", "randomk"])
+def test_half_precision_gradients_travel(mirrored, dtype, name):
+    """Every replica feeds its own 16-bit gradient; one SGD step moves the
+    weights by the sum of what each sent (TopK: its top k; EF-SignSGD:
+    its mean magnitude times its signs; RandomK: the shared positions)."""
     strategy = mirrored
+    p = strategy.num_replicas_in_sync
+    n, lr = 2000, 0.5
+    compressor = {
+        "topk": tfgc.compressors.TopK(0.01),
+        "signsgd": tfgc.compressors.SignSGD(scaled=True),
+        "randomk": tfgc.compressors.RandomK(0.01),
+    }[name]
+    k = 20  # ceil(0.01 * n) for TopK and RandomK
+    grads, planted = _half_precision_grads(p, n, k, dtype)
     with strategy.scope():
-        w = keras.Variable(np.ones(2000), dtype=dtype)
+        w = keras.Variable(np.ones(n), dtype=dtype)
         opt = tfgc.CompressedOptimizer(
-            keras.optimizers.SGD(0.5), compressor=compressor
+            keras.optimizers.SGD(lr), compressor=compressor
         )
         opt.build([w])
+    per_replica = tf.constant(grads)
 
     @tf.function
     def step():
         def replica_fn():
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(tf.cast(w, tf.float32) ** 2)
-            opt.apply(tape.gradient(loss, [w]), [w])
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            opt.apply([tf.cast(tf.gather(per_replica, r), w.dtype)], [w])
 
         strategy.run(replica_fn)
 
     step()
     copies = [v.numpy().astype("float32") for v in w.value.values]
-    assert copies[0].dtype == np.float32 and not np.all(copies[0] == 1)
     for c in copies[1:]:
         np.testing.assert_array_equal(copies[0], c)
+    if name == "topk":
+        total = np.zeros(n, "float32")
+        for r in range(p):
+            total[planted[r]] += grads[r, planted[r]]
+    elif name == "signsgd":
+        scales = np.abs(grads).mean(axis=1, keepdims=True)
+        total = np.where(grads >= 0, scales, -scales).sum(axis=0)
+    else:  # the same k positions on every replica, whichever they are
+        moved = np.flatnonzero(copies[0] != 1)
+        assert moved.size == k
+        total = np.zeros(n, "float32")
+        total[moved] = grads[:, moved].sum(axis=0)
+    want = 1 - lr * total
+    _, unit = numpy_reference.CASTS[dtype]
+    # Rounded three times: the total, lr times it, the new weight.
+    bound = 4 * unit * (1 + lr * np.abs(total))
+    assert np.all(np.abs(copies[0] - want) <= bound), name
 
 
 def test_fit_under_mirrored_strategy_matches_plain_optimizer(mirrored):

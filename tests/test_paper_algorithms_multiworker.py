@@ -1,5 +1,6 @@
-"""MSTopK, RedSync, HiTopKComm, SBC, importance-weighted pruning and
-ACP-SGD in real worker processes against numpy.
+"""MSTopK, RedSync, HiTopKComm, SBC, importance-weighted pruning, ACP-SGD
+and the basic compressors (TopK, RandomK, EF-SignSGD, PowerSGD, FP16, BF16,
+Identity) in real worker processes against numpy.
 
 Two launches of tests/multiworker/paper_worker.py, shared by every test
 through module-scoped fixtures: 2 workers on 2 hosts (one worker each) and
@@ -21,6 +22,7 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tests import numpy_reference as ref
 from tfgc import launch
@@ -155,32 +157,41 @@ def _assert_update(run, name, expected, s, i, tol, where):
         )
 
 
-def assert_matches(run, name, expected, selection_state=-1):
+def _assert_workers_agree(run, name, s, i):
+    """Every worker applied the same update and has the same weights."""
+    first = run.results[0]
+    for r in run.results[1:]:
+        for kind in ("totals", "weights"):
+            key = f"{name}/{kind}/{s}/{i}"
+            np.testing.assert_array_equal(r[key], first[key], err_msg=key)
+
+
+def assert_matches(
+    run,
+    name,
+    expected,
+    selection_state=-1,
+    update_tol=TOTAL_TOL,
+    state_tol=STATE_TOL,
+):
     """Every worker, step and variable against a reference trajectory.
 
     `selection_state` is the state variable whose zeros are the entries a
-    worker sent (the residual; RedSync's V).
+    worker sent (the residual; RedSync's V). `update_tol=None` leaves
+    worker 0's totals and weights to the caller.
     """
     for s in range(run.steps(name)):
         for i in range(len(SHAPES)):
             where = f"{name} step {s} var {i}"
-            first = run.results[0]
-            for w, r in enumerate(run.results):
-                # Every worker applied the same update.
-                np.testing.assert_array_equal(
-                    r[f"{name}/totals/{s}/{i}"], first[f"{name}/totals/{s}/{i}"]
-                )
-                np.testing.assert_array_equal(
-                    r[f"{name}/weights/{s}/{i}"],
-                    first[f"{name}/weights/{s}/{i}"],
-                )
+            _assert_workers_agree(run, name, s, i)
+            for w in range(run.num_workers):
                 got = run.state(w, name, s, i)
                 want = expected.states[s][w][i]
                 assert len(got) == len(want), where
                 for g, e in zip(got, want):
                     assert g.shape == e.shape, where
                     np.testing.assert_allclose(
-                        g, e, **STATE_TOL, err_msg=f"{where} worker {w}"
+                        g, e, **state_tol, err_msg=f"{where} worker {w}"
                     )
                 selected = expected.selected[s][w][i]
                 if selected is not None:
@@ -192,7 +203,8 @@ def assert_matches(run, name, expected, selection_state=-1):
                         zeros,
                         err_msg=f"{where} worker {w}: selection",
                     )
-            _assert_update(run, name, expected, s, i, TOTAL_TOL, where)
+            if update_tol is not None:
+                _assert_update(run, name, expected, s, i, update_tol, where)
 
 
 def assert_bytes(run, name, expected):
@@ -789,29 +801,33 @@ def test_acpsgd_matches_numpy(run):
         assert not start[0][0].any()
     expected = acp_reference(run)
     assert_bytes(run, name, expected)
+    assert_low_rank_matches(run, name, expected)
+
+
+def assert_low_rank_matches(run, name, expected):
+    """Every worker, step and variable against a low-rank reference whose
+    states are (residual, factors..., step counters...): the residual and
+    the counters as numpy's, the factors up to their columns' signs (QR's
+    convention), worker 0's update (sign-invariant: P Qo^T or Po Q^T)."""
     for s in range(run.steps(name)):
         for i in range(len(SHAPES)):
             where = f"{name} step {s} var {i}"
-            first = run.results[0]
-            for w, r in enumerate(run.results):
-                for key in ("totals", "weights"):
-                    np.testing.assert_array_equal(
-                        r[f"{name}/{key}/{s}/{i}"],
-                        first[f"{name}/{key}/{s}/{i}"],
-                    )
+            _assert_workers_agree(run, name, s, i)
+            for w in range(run.num_workers):
                 got = run.state(w, name, s, i)
                 want = expected.states[s][w][i]
                 assert len(got) == len(want), where
                 if not want:
                     continue
-                residual, p_sum, q_sum, p_steps, q_steps = got
+                residual, *factors = got
                 np.testing.assert_allclose(
                     residual, want[0], **ACP_TOL, err_msg=f"{where} worker {w}"
                 )
-                assert_close_up_to_column_signs(p_sum, want[1], **ACP_TOL)
-                assert_close_up_to_column_signs(q_sum, want[2], **ACP_TOL)
-                assert (int(p_steps), int(q_steps)) == (want[3], want[4])
-            # The update is sign-invariant: P Qo^T or Po Q^T.
+                for g, e in zip(factors, want[1:]):
+                    if np.ndim(e) == 0:  # a step counter
+                        assert int(g) == e, where
+                    else:
+                        assert_close_up_to_column_signs(g, e, **ACP_TOL)
             _assert_update(run, name, expected, s, i, ACP_TOL, where)
 
 
@@ -914,3 +930,158 @@ def test_acpsgd_factor_of_the_sum_is_the_sum_of_the_factors(run):
             total = ref.worker_sum(inputs)
             of_sum = total @ fixed if factor == "p" else total.T @ fixed
             np.testing.assert_allclose(summed, of_sum, **ACP_TOL)
+
+
+# --- 10. TopK, RandomK, EF-SignSGD, FP16, BF16, Identity, PowerSGD -----------
+
+POWERSGD_RANK = 3
+# (41, 50), (3001,) and (33, 17) with error feedback; (7,) is small: dense.
+ONE_ROUND_PLANS = [
+    "ErrorFeedback",
+    "ErrorFeedback",
+    "Identity",
+    "ErrorFeedback",
+]
+
+
+def stateless_key(index, step):
+    """The optimizer's key of variable `index` at `step` (-1: the one its
+    initial state is drawn with)."""
+    return tf.constant([SEED * 1_000_003 + index, step], tf.int64)
+
+
+def randomk_indices(run):
+    """[step][var] the positions RandomK draws from the shared key: TF's
+    stateless index shuffle, the one thing of the reference numpy cannot
+    draw."""
+    out = []
+    for s in range(run.steps("randomk")):
+        row = []
+        for i, shape in enumerate(SHAPES):
+            n = int(np.prod(shape))
+            k = ref.num_selected(n, DENSITY)
+            shuffled = tf.random.experimental.index_shuffle(
+                tf.range(k, dtype=tf.int64),
+                seed=stateless_key(i, s),
+                max_index=n - 1,
+            )
+            row.append(shuffled.numpy())
+        out.append(row)
+    return out
+
+
+# EF-SignSGD's scale, a mean over the tensor, is summed in another order
+# than numpy's: the residuals differ by ulps of the scale (about 1.5 here)
+# every step, and those add up.
+SIGN_STATE_TOL = dict(rtol=1e-6, atol=1e-5)
+ONE_ROUND_SENDS = {
+    "identity": lambda run: None,
+    "topk": lambda run: ref.topk_send(DENSITY),
+    "randomk": lambda run: ref.randomk_send(randomk_indices(run)),
+    "signsgd": lambda run: ref.sign_send,
+}
+
+
+@pytest.mark.parametrize("name", list(ONE_ROUND_SENDS))
+def test_one_round_compressor_matches_numpy(run, name):
+    """Different data per worker; after 1 step and after each of the next:
+    the summed update and the weights, every worker's residual and
+    selection, the bytes."""
+    expected = ref.one_round(
+        run.grads(name),
+        run.initial(name),
+        LR,
+        ONE_ROUND_SENDS[name](run),
+        min_compress_size=MIN_COMPRESS_SIZE,
+    )
+    plans = list(run.results[0][f"{name}/plans"])
+    dense = name == "identity"
+    assert plans == (["Identity"] * len(SHAPES) if dense else ONE_ROUND_PLANS)
+    tol = SIGN_STATE_TOL if name == "signsgd" else STATE_TOL
+    assert_matches(run, name, expected, state_tol=tol)
+    assert_bytes(run, name, expected)
+
+
+def _within(got, want, bound, where):
+    excess = np.max(np.abs(got - want) - bound)
+    assert excess <= 0, f"{where}: {excess} beyond the rounding bound"
+
+
+@pytest.mark.parametrize(
+    "name, dtype", [("fp16", "float16"), ("bf16", "bfloat16")]
+)
+def test_cast_matches_numpy(run, name, dtype):
+    """The residual is what rounding to the 16-bit type lost, bit for bit;
+    the total is the 16-bit sum of what the workers sent: numpy's exactly
+    with 2 workers (a + b == b + a), within the rounding of another order
+    of the sum with 4."""
+    grads = run.grads(name)
+    expected = ref.one_round(
+        grads,
+        run.initial(name),
+        LR,
+        ref.cast_send(dtype),
+        min_compress_size=MIN_COMPRESS_SIZE,
+        reduce=lambda sent: ref.cast_sum(sent, dtype),
+    )
+    assert list(run.results[0][f"{name}/plans"]) == ONE_ROUND_PLANS
+    assert_matches(run, name, expected, update_tol=None)
+    assert_bytes(run, name, expected)
+    rounding, unit = ref.CASTS[dtype]
+    p = run.num_workers
+    first = run.results[0]
+    drift = [0.0] * len(SHAPES)  # how far another order moves the weights
+    for s in range(run.steps(name)):
+        for i in range(len(SHAPES)):
+            where = f"{name} step {s} var {i}"
+            if i in COMPRESSED:  # gradient plus residual, rounded
+                u = unit
+                sent = [
+                    rounding(
+                        grads[w][s][i]
+                        + (expected.states[s - 1][w][i][0] if s else 0)
+                    )
+                    for w in range(p)
+                ]
+            else:  # dense, float32
+                u = 2.0**-24
+                sent = [grads[w][s][i] for w in range(p)]
+            # Any order of a p-term sum is within (p - 1) roundings of the
+            # exact sum; two terms add up the same either way.
+            bound = 0 if p == 2 else 2 * p * u * np.sum(np.abs(sent), axis=0)
+            total = first[f"{name}/totals/{s}/{i}"]
+            _within(total, expected.totals[s][i], bound, where)
+            drift[i] = drift[i] + LR * bound
+            want = expected.weights[s][i]
+            slack = drift[i] + TOTAL_TOL["rtol"] * np.abs(want)
+            weights = first[f"{name}/weights/{s}/{i}"]
+            _within(weights, want, slack + TOTAL_TOL["atol"], where)
+
+
+def test_powersgd_matches_numpy(run):
+    """Rank 3, error feedback: P = sum C Q, orthogonalised, Q = sum C^T P,
+    Q kept as the next step's warm start, starting from the seeded normal
+    draw of the key; 1 step and each of the next."""
+    name = "powersgd"
+    plans = list(run.results[0][f"{name}/plans"])
+    assert plans == ["ErrorFeedback", "Identity", "Identity", "ErrorFeedback"]
+    initial = [None] * len(SHAPES)
+    for i in ACP_COMPRESSED:
+        _, cols = ref.matrix_shape(SHAPES[i])
+        initial[i] = tf.random.stateless_normal(
+            [cols, POWERSGD_RANK], seed=stateless_key(i, -1)
+        ).numpy()
+        for r in run.results:
+            residual, q = (r[f"{name}/initial_state/{i}/{j}"] for j in (0, 1))
+            assert not residual.any()
+            np.testing.assert_array_equal(q, initial[i])
+    expected = ref.powersgd(
+        run.grads(name),
+        run.initial(name),
+        LR,
+        POWERSGD_RANK,
+        initial,
+        min_compress_size=MIN_COMPRESS_SIZE,
+    )
+    assert_low_rank_matches(run, name, expected)
+    assert_bytes(run, name, expected)

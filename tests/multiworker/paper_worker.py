@@ -36,11 +36,18 @@ from tfgc.communicators import collectives, probe
 from tfgc.communicators import topology as topology_lib
 from tfgc.compressors import (
     ACPSGD,
+    BF16,
+    FP16,
     SBC,
+    Identity,
     ImportancePruning,
     MSTopK,
     Network,
+    PowerSGD,
+    RandomK,
     RedSync,
+    SignSGD,
+    TopK,
     importance,
 )
 
@@ -61,6 +68,7 @@ SHAPES = ((41, 50), (3001,), (7,), (33, 17))
 HIER_DENSE_THRESHOLD = 1000
 ACP_RANK = 3
 ACP_BUCKET_BYTES = 8000
+POWERSGD_RANK = 3
 
 # --- recording the collectives -----------------------------------------------
 
@@ -611,6 +619,34 @@ def acpsgd_run(strategy, task, results):
     )
 
 
+# --- The basic compressors --------------------------------------------------
+
+BASIC_RUNS = {
+    # name: (compressor, data seed)
+    "identity": (Identity, 10),
+    "fp16": (FP16, 11),
+    "bf16": (BF16, 12),
+    "topk": (lambda: TopK(DENSITY), 13),
+    "randomk": (lambda: RandomK(DENSITY), 14),
+    "signsgd": (lambda: SignSGD(scaled=True), 15),
+    "powersgd": (lambda: PowerSGD(rank=POWERSGD_RANK), 16),
+}
+BASIC_STEPS = 4
+
+
+def basic_runs(strategy, task, results):
+    for name, (make, data_seed) in BASIC_RUNS.items():
+        train(
+            strategy,
+            task,
+            results,
+            name,
+            optimizer(make),
+            data_seed=data_seed,
+            steps=BASIC_STEPS,
+        )
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -630,7 +666,7 @@ def main():
     }
 
     scenarios = [mstopk_flat, redsync_flat, redsync_warmup]
-    scenarios += [sbc_runs, importance_run, acpsgd_run]
+    scenarios += [sbc_runs, importance_run, acpsgd_run, basic_runs]
     if topology.num_hosts == p:  # one worker per host
         scenarios.append(hierarchical_one_per_host)
     else:
