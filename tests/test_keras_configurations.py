@@ -158,6 +158,34 @@ def test_mixed_float16_skips_a_step_with_inf_on_one_replica_everywhere(
             np.testing.assert_array_equal(c, copies[0])
 
 
+def test_mixed_float16_with_an_embedding_gradient():
+    """Embedding gradients arrive as IndexedSlices, whose dense shape is
+    unknown inside LossScaleOptimizer's branch."""
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [
+                keras.Input((5,), dtype="int32"),
+                keras.layers.Embedding(100, 8),
+                keras.layers.Flatten(),
+                keras.layers.Dense(1, dtype="float32"),
+            ]
+        )
+        model.compile(
+            # The 800-element embedding goes dense (min_compress_size).
+            tfgc.CompressedOptimizer(keras.optimizers.SGD(0.1), "topk"),
+            "mse",
+        )
+        before = model.get_weights()[0].copy()
+        x = np.random.default_rng(0).integers(0, 100, size=(4, 5))
+        model.fit(x, np.ones((4, 1), "float32"), epochs=1, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    after = model.get_weights()[0]
+    assert np.all(np.isfinite(after)) and np.any(after != before)
+
+
 # --- float8 ---------------------------------------------------------------
 
 

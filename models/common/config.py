@@ -15,6 +15,9 @@ import tfgc
 STRATEGIES = ("multi_worker_mirrored", "mirrored", "one_device")
 ALL_REDUCE_ALGS = ("ring", "nccl")
 CLUSTER_RESOLVERS = ("tf_config", "slurm")
+# Keras dtype policies: variables stay float32; "mixed_float16" also makes
+# `model.compile` wrap the optimizer in a `LossScaleOptimizer`.
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 # Which compressors take which parameter flag (a constructor argument of
 # the same name).
@@ -89,6 +92,8 @@ class CommonConfig:
         use_synthetic_data: random inputs of the real shapes.
         data_dir: where the real data lies.
         seed: random seed for weights, data order and compressors.
+        precision: the Keras dtype policy of the model, one of
+            `PRECISIONS`; "mixed_float16" trains with dynamic loss scaling.
     """
 
     model_dir: str
@@ -118,6 +123,7 @@ class CommonConfig:
     use_synthetic_data: bool = False
     data_dir: str | None = None
     seed: int = 0
+    precision: str = "float32"
 
     def __post_init__(self):
         if not self.model_dir:
@@ -131,6 +137,11 @@ class CommonConfig:
                 "`--distribution_strategy` must be one of "
                 f"{list(STRATEGIES)}. Received: "
                 f"distribution_strategy={self.distribution_strategy!r}"
+            )
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"`--precision` must be one of {list(PRECISIONS)}. "
+                f"Received: precision={self.precision!r}"
             )
         self._check_compression()
         self._check_communicator()

@@ -16,6 +16,7 @@ import tfgc
 from models.common.config import (
     ALL_REDUCE_ALGS,
     CLUSTER_RESOLVERS,
+    PRECISIONS,
     REDSYNC_SELECTIONS,
     STRATEGIES,
     CommonConfig,
@@ -173,6 +174,13 @@ def define_common_flags() -> None:
     )
     flags.DEFINE_string("data_dir", None, "Directory of the real dataset.")
     flags.DEFINE_integer("seed", 0, "Random seed.")
+    flags.DEFINE_enum(
+        "precision",
+        "float32",
+        list(PRECISIONS),
+        "Keras dtype policy: float32, or compute in bfloat16 / float16 "
+        "with float32 variables (mixed_float16 adds dynamic loss scaling).",
+    )
 
 
 def common_config_from_flags(
@@ -212,6 +220,7 @@ def common_config_from_flags(
         use_synthetic_data=f.use_synthetic_data,
         data_dir=f.data_dir,
         seed=f.seed,
+        precision=f.precision,
     )
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import keras
@@ -20,6 +21,28 @@ from models.common import distribution
 from models.common.config import CommonConfig
 
 SUMMARY_FILE = "summary.json"
+
+
+@contextlib.contextmanager
+def precision_policy(precision: str) -> Iterator[None]:
+    """Sets Keras's global dtype policy to `precision` inside the block.
+
+    Build and compile the model inside it: each layer keeps the policy it
+    was created under (so training may run outside), and with
+    "mixed_float16" `model.compile` wraps the optimizer in a
+    `keras.optimizers.LossScaleOptimizer` (tfgc makes every worker skip
+    the same non-finite steps). The previous policy is restored on the way
+    out, also after an error.
+
+    Args:
+        precision: one of `models.common.config.PRECISIONS`.
+    """
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy(precision)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
 
 
 def compressed_optimizer(
@@ -118,7 +141,8 @@ def train_and_evaluate(
         name: the model's name, for the summary.
         config: the shared settings.
         strategy: the strategy `model` was built and compiled under.
-        model: a compiled model whose optimizer is a `CompressedOptimizer`.
+        model: a compiled model whose optimizer is a `CompressedOptimizer`
+            (or a `LossScaleOptimizer` around one, under "mixed_float16").
         train_data: a (distributed) dataset that does not run out.
         steps_per_epoch: steps in one epoch.
         epochs: number of epochs.
@@ -157,7 +181,12 @@ def train_and_evaluate(
         verbose=verbose,
     )
     train_seconds = time.perf_counter() - start
-    stats = model.optimizer.compression_stats()
+    loss_scale = None
+    optimizer = model.optimizer
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        loss_scale = float(optimizer.dynamic_scale.numpy())
+        optimizer = optimizer.inner_optimizer
+    stats = optimizer.compression_stats()
     train_metrics = {
         k: v[-1] for k, v in history.history.items() if v and k != "lr"
     }
@@ -216,6 +245,10 @@ def train_and_evaluate(
         },
         "eval": eval_metrics,
         "num_parameters": int(model.count_params()),
+        # The dtype policy the model computed in, and the final dynamic
+        # loss scale under "mixed_float16" (else None).
+        "precision": model.dtype_policy.name,
+        "loss_scale": loss_scale,
         "config": config.as_dict(),
         "model_config": dict(model_config or {}),
     }

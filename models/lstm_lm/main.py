@@ -162,7 +162,7 @@ def run(config: LstmConfig) -> dict[str, Any]:
             f"of {global_batch}. Use a smaller --batch_size."
         )
 
-    with strategy.scope():
+    with training.precision_policy(c.precision), strategy.scope():
         lm = model.build_model(size, vocab_size, num_steps, seed=c.seed)
         schedule = model.EpochDecay(
             config.learning_rate, size.lr_decay, size.max_epoch, steps_per_epoch

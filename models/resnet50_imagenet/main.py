@@ -42,11 +42,6 @@ flags.DEFINE_bool(
     False,
     "Small ResNet v1.5 on 32x32 images (CIFAR-10) for quick runs.",
 )
-flags.DEFINE_bool(
-    "mixed_precision",
-    False,
-    "Compute in bfloat16 with float32 variables (mixed_bfloat16).",
-)
 flags.DEFINE_float("label_smoothing", 0.1, "Label smoothing in [0, 1).")
 flags.DEFINE_float(
     "warmup_epochs", 5.0, "Epochs of linear learning-rate warm-up."
@@ -67,7 +62,6 @@ class ResnetConfig:
     Attributes:
         common: the shared settings.
         cifar_sized: the small 32x32 variant.
-        mixed_precision: compute in bfloat16.
         label_smoothing: in [0, 1).
         warmup_epochs: linear warm-up length (capped at half the run).
         lr_schedule: "piecewise" or "cosine".
@@ -75,7 +69,6 @@ class ResnetConfig:
 
     common: CommonConfig
     cifar_sized: bool = False
-    mixed_precision: bool = False
     label_smoothing: float = 0.1
     warmup_epochs: float = 5.0
     lr_schedule: str = "piecewise"
@@ -142,7 +135,6 @@ def config_from_flags() -> ResnetConfig:
     return ResnetConfig(
         common=common_flags.common_config_from_flags(FLAGS),
         cifar_sized=FLAGS.cifar_sized,
-        mixed_precision=FLAGS.mixed_precision,
         label_smoothing=FLAGS.label_smoothing,
         warmup_epochs=FLAGS.warmup_epochs,
         lr_schedule=FLAGS.lr_schedule,
@@ -253,69 +245,59 @@ def run(config: ResnetConfig) -> dict[str, Any]:
     )
     peak = config.base_learning_rate * global_batch / BASE_BATCH
 
-    previous_policy = keras.mixed_precision.global_policy()
-    if config.mixed_precision:
-        # float16 needs loss scaling, and Keras's LossScaleOptimizer assumes
-        # gradients that are already all-reduced, which tfgc's are not.
-        keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    try:
-        with strategy.scope():
-            model = build_model(config)
-            optimizer = training.compressed_optimizer(
-                c,
-                keras.optimizers.SGD(
-                    WarmupDecay(
-                        peak, total_steps, warmup_steps, config.lr_schedule
-                    ),
-                    momentum=0.9,
+    with training.precision_policy(c.precision), strategy.scope():
+        model = build_model(config)
+        optimizer = training.compressed_optimizer(
+            c,
+            keras.optimizers.SGD(
+                WarmupDecay(
+                    peak, total_steps, warmup_steps, config.lr_schedule
                 ),
-            )
-            model.compile(
-                optimizer=optimizer,
-                loss=keras.losses.CategoricalCrossentropy(
-                    from_logits=True, label_smoothing=config.label_smoothing
-                ),
-                metrics=[
-                    keras.metrics.CategoricalAccuracy(name="accuracy"),
-                    keras.metrics.TopKCategoricalAccuracy(5, name="top5"),
-                ],
-                auto_scale_loss=False,
-                jit_compile=False,
-            )
-        eval_sets = {}
-        if not c.skip_eval:
-            eval_sets = {
-                spec.eval_split: (
-                    distribution.distribute_dataset(strategy, eval_fn),
-                    eval_steps,
-                )
-            }
-        return training.train_and_evaluate(
-            name=model.name,
-            config=c,
-            strategy=strategy,
-            model=model,
-            train_data=distribution.distribute_dataset(strategy, train_fn),
-            steps_per_epoch=steps_per_epoch,
-            epochs=config.epochs,
-            global_batch_size=global_batch,
-            eval_sets=eval_sets,
-            model_config={
-                "cifar_sized": config.cifar_sized,
-                "dataset": spec.tfds_name,
-                "source": config.source or "synthetic",
-                "image_size": spec.image_size,
-                "num_classes": spec.num_classes,
-                "batch_size": config.batch_size,
-                "peak_learning_rate": peak,
-                "warmup_steps": warmup_steps,
-                "lr_schedule": config.lr_schedule,
-                "label_smoothing": config.label_smoothing,
-                "mixed_precision": config.mixed_precision,
-            },
+                momentum=0.9,
+            ),
         )
-    finally:
-        keras.mixed_precision.set_global_policy(previous_policy)
+        model.compile(
+            optimizer=optimizer,
+            loss=keras.losses.CategoricalCrossentropy(
+                from_logits=True, label_smoothing=config.label_smoothing
+            ),
+            metrics=[
+                keras.metrics.CategoricalAccuracy(name="accuracy"),
+                keras.metrics.TopKCategoricalAccuracy(5, name="top5"),
+            ],
+            jit_compile=False,
+        )
+    eval_sets = {}
+    if not c.skip_eval:
+        eval_sets = {
+            spec.eval_split: (
+                distribution.distribute_dataset(strategy, eval_fn),
+                eval_steps,
+            )
+        }
+    return training.train_and_evaluate(
+        name=model.name,
+        config=c,
+        strategy=strategy,
+        model=model,
+        train_data=distribution.distribute_dataset(strategy, train_fn),
+        steps_per_epoch=steps_per_epoch,
+        epochs=config.epochs,
+        global_batch_size=global_batch,
+        eval_sets=eval_sets,
+        model_config={
+            "cifar_sized": config.cifar_sized,
+            "dataset": spec.tfds_name,
+            "source": config.source or "synthetic",
+            "image_size": spec.image_size,
+            "num_classes": spec.num_classes,
+            "batch_size": config.batch_size,
+            "peak_learning_rate": peak,
+            "warmup_steps": warmup_steps,
+            "lr_schedule": config.lr_schedule,
+            "label_smoothing": config.label_smoothing,
+        },
+    )
 
 
 def main(argv: list[str]) -> None:

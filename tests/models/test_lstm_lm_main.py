@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import keras
 import numpy as np
 import pytest
 from absl import flags
@@ -143,23 +144,52 @@ def test_ptb_subset_redsync_one_process(ptb_dir, tmp_path, monkeypatch):
     assert valid < 0.5 * perplexity[0], (valid, perplexity)
 
 
+def _tiny_synthetic_config(tmp_path, **kwargs) -> lstm_main.LstmConfig:
+    """The small LSTM on random tokens: batch 2, one device, no eval."""
+    return lstm_main.LstmConfig(
+        common=CommonConfig(
+            model_dir=str(tmp_path / "model"),
+            use_synthetic_data=True,
+            batch_size=2,
+            skip_eval=True,
+            distribution_strategy="one_device",
+            **kwargs,
+        )
+    )
+
+
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+def test_synthetic_mixed_precision(
+    tmp_path, run_and_check_precision, precision
+):
+    config = _tiny_synthetic_config(
+        tmp_path,
+        train_steps=2,
+        compressor="topk",
+        density=0.01,
+        precision=precision,
+    )
+    _, lm = run_and_check_precision(lstm_main.run, config)
+    half = precision.removeprefix("mixed_")
+    (embedding,) = [
+        layer
+        for layer in lm.layers
+        if isinstance(layer, keras.layers.Embedding)
+    ]
+    for layer in (embedding, lm.get_layer("lstm_0"), lm.get_layer("lstm_1")):
+        assert layer.compute_dtype == half, layer.name
+    # Embedding and LSTM weights stay float32; the logits are float32.
+    assert all(w.dtype == "float32" for w in lm.trainable_weights)
+    assert lm.outputs[0].dtype == "float32"
+
+
 class _Preempted(Exception):
     pass
 
 
 def test_restarted_run_resumes_from_backup(tmp_path, monkeypatch):
-    config = lstm_main.LstmConfig(
-        common=CommonConfig(
-            model_dir=str(tmp_path / "model"),
-            use_synthetic_data=True,
-            train_steps=3,
-            epochs=3,
-            batch_size=2,
-            skip_eval=True,
-            distribution_strategy="one_device",
-            compressor="randomk",
-            density=0.1,
-        )
+    config = _tiny_synthetic_config(
+        tmp_path, train_steps=3, epochs=3, compressor="randomk", density=0.1
     )
     original = callbacks_lib.Throughput.on_epoch_end
 

@@ -224,6 +224,7 @@ def test_lstm_bad_flags_fail_fast(tmp_path, argv, message):
         ["--communicator=ring"],
         ["--selection=topk"],
         ["--config=huge"],
+        ["--precision=float16"],
     ],
 )
 def test_enum_flags_list_valid_values(argv):
@@ -301,6 +302,29 @@ def test_config_is_frozen_and_reports_kwargs():
         config.rank = 3
 
 
+def test_precision_is_validated_in_the_config():
+    with pytest.raises(ValueError) as err:
+        CommonConfig(
+            model_dir="/tmp/x",
+            use_synthetic_data=True,
+            train_steps=2,
+            precision="float16",
+        )
+    assert str(err.value) == (
+        "`--precision` must be one of ['float32', 'mixed_bfloat16', "
+        "'mixed_float16']. Received: precision='float16'"
+    )
+
+
+def test_precision_policy_is_restored_after_an_error():
+    with pytest.raises(RuntimeError):
+        with training.precision_policy("mixed_float16"):
+            policy = keras.mixed_precision.global_policy()
+            assert policy.name == "mixed_float16"
+            raise RuntimeError("stop")
+    assert keras.mixed_precision.global_policy().name == "float32"
+
+
 def test_enum_flags_offer_every_library_name():
     assert FLAGS["compressor"].parser.enum_values == tfgc.compressors.names()
     assert {"mstopk", "redsync"} <= set(FLAGS["compressor"].parser.enum_values)
@@ -357,6 +381,9 @@ def _parsed_config(argv):
             ["--compressor=topk", "--communicator=hierarchical"],
             dict(communicator="hierarchical", workers_per_host=None),
         ),
+        ([], dict(precision="float32")),
+        (["--precision=mixed_float16"], dict(precision="mixed_float16")),
+        (["--precision=mixed_bfloat16"], dict(precision="mixed_bfloat16")),
     ],
 )
 def test_new_flags_round_trip_through_the_config(tmp_path, argv, expected):

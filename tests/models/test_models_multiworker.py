@@ -85,12 +85,16 @@ def test_resnet_cifar_sized_two_workers_synthetic(tmp_path):
             "--batch_size=8",
             "--compressor=powersgd",
             "--rank=2",
+            # Loss scaling around tfgc: both workers skip the same steps.
+            "--precision=mixed_float16",
         ],
     )
     assert code == 0, log[-5000:]
     summary = _check_chief_only_outputs(model_dir, log)
     assert summary["global_batch_size"] == 16
     assert "accuracy" in summary["eval"]["test"]
+    assert summary["precision"] == "mixed_float16"
+    assert summary["loss_scale"] > 0
 
 
 def test_lstm_hierarchical_mstopk_four_workers_on_two_hosts(tmp_path):

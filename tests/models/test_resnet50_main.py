@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -92,7 +91,6 @@ def test_imagenet_tfrecord_pipeline(tmp_path, training):
 
 def _config(tmp_path, **kwargs):
     cifar_sized = kwargs.pop("cifar_sized", True)
-    mixed_precision = kwargs.pop("mixed_precision", False)
     common = {
         "model_dir": str(tmp_path / "model"),
         "use_synthetic_data": True,
@@ -106,9 +104,7 @@ def _config(tmp_path, **kwargs):
         **kwargs,
     }
     return resnet_main.ResnetConfig(
-        common=CommonConfig(**common),
-        cifar_sized=cifar_sized,
-        mixed_precision=mixed_precision,
+        common=CommonConfig(**common), cifar_sized=cifar_sized
     )
 
 
@@ -124,21 +120,25 @@ def test_cifar_sized_synthetic_end_to_end(tmp_path):
     assert np.isfinite(summary["train"]["loss"])
 
 
-def test_cifar_sized_mixed_precision_restores_policy(tmp_path):
-    summary = resnet_main.run(
+@pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])
+def test_cifar_sized_mixed_precision(
+    tmp_path, run_and_check_precision, precision
+):
+    summary, model = run_and_check_precision(
+        resnet_main.run,
         _config(
             tmp_path,
             train_steps=2,
             epochs=1,
-            mixed_precision=True,
             compressor="signsgd",
             density=None,
             skip_eval=True,
-        )
+            precision=precision,
+        ),
     )
-    assert np.isfinite(summary["train"]["loss"])
+    half = precision.removeprefix("mixed_")
+    assert model.get_layer("stage1_0_2").compute_dtype == half
     assert summary["eval"] == {}
-    assert keras.mixed_precision.global_policy().name == "float32"
 
 
 def test_cifar_sized_redsync_takes_the_sgd_momentum(tmp_path, monkeypatch):

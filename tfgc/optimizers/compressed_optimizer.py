@@ -805,6 +805,10 @@ def _check_gradient(grad, variable):
         # Embedding gradients arrive sparse; sparse-aware compression of
         # them is future work, so they travel as dense tensors.
         grad = tf.convert_to_tensor(grad)
+    if not grad.shape.is_fully_defined():
+        # Densified IndexedSlices lose their static shape inside
+        # LossScaleOptimizer's tf.cond; compressors plan from it.
+        grad = tf.ensure_shape(grad, variable.shape)
     if not grad.dtype.is_floating:
         raise TypeError(
             "Gradients must be floating point. Received a gradient of dtype "
