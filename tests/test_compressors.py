@@ -197,16 +197,55 @@ def test_sign_is_scaled_sign_and_packs_32_per_word():
     assert payloads[0].bits.dtype == tf.int32
 
 
-def test_sign_sums_workers_with_their_own_scales():
-    c = compressors.SignSGD()
-    xs = [tf.constant([1.0, -1.0, 3.0]), tf.constant([-2.0, -2.0, 2.0])]
-    sent = [c.compress(x, (), _key()) for x in xs]
+def _gathered_totals(compressor, xs):
+    """Each worker's total when workers with gradients `xs` all-gather."""
+    sent = [compressor.compress(tf.constant(x), (), _key()) for x in xs]
     stacked = tf.nest.map_structure(
         lambda *t: tf.stack(t), *[p for p, _ in sent]
     )
-    total, _ = c.decompress(stacked, sent[0][1])
+    return [compressor.decompress(stacked, ctx)[0].numpy() for _, ctx in sent]
+
+
+def test_sign_sums_workers_with_their_own_scales():
+    xs = [[1.0, -1.0, 3.0], [-2.0, -2.0, 2.0]]
+    total = _gathered_totals(compressors.SignSGD(), xs)[0]
     expected = (5 / 3) * np.array([1, -1, 1]) + 2 * np.array([-1, -1, 1])
-    np.testing.assert_allclose(total.numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(total, expected, rtol=1e-6)
+
+
+def test_unscaled_sign_is_a_majority_vote():
+    """sign(sum of the workers' signs), 0 on a tie (zero votes +): +-1
+    whatever the number of workers (Bernstein et al. 2019)."""
+    c = compressors.SignSGD(scaled=False)
+    xs = [
+        [0.5, 2.0, 3.0, -1.0, 0.0],
+        [0.1, 1.0, 1.0, -2.0, -1.0],
+        [9.0, 4.0, -1.0, -3.0, 0.0],
+        [1.0, -5.0, -2.0, 4.0, -2.0],
+    ]
+    for total in _gathered_totals(c, xs):  # the same on every worker
+        np.testing.assert_array_equal(total, [1, 1, 0, -1, 0])
+    for p in (1, 2, 3):  # identical gradients: one step's size, any p
+        totals = _gathered_totals(c, [xs[0]] * p)
+        np.testing.assert_array_equal(totals[0], [1, 1, 1, -1, 1])
+
+
+def test_majority_vote_error_feedback_keeps_the_own_sign():
+    """Under majority vote a worker's local estimate is its own sign, not
+    the vote: its residual is x - sign(x)."""
+    ef = compressors.ErrorFeedback(compressors.SignSGD(scaled=False))
+    xs = [tf.constant([0.5, -2.0, 3.0]), tf.constant([-1.0, -1.0, -1.0])]
+    state = ef.init_state((3,), tf.float32, _key(-1))
+    sent = [ef.compress(x, state, _key()) for x in xs]
+    stacked = tf.nest.map_structure(
+        lambda *t: tf.stack(t), *[p for p, _ in sent]
+    )
+    for x, (_, ctx) in zip(xs, sent):
+        total, new_state = ef.decompress(stacked, ctx)
+        np.testing.assert_array_equal(total.numpy(), [0, -1, 0])
+        np.testing.assert_array_equal(
+            new_state.residual.numpy(), x.numpy() - np.sign(x.numpy())
+        )
 
 
 def test_powersgd_full_rank_is_exact_and_low_rank_is_close():
@@ -223,6 +262,66 @@ def test_powersgd_full_rank_is_exact_and_low_rank_is_close():
     state = c.init_state((40, 30), tf.float32, _key(-1))
     total, _, _, _ = local_step(c, low_rank, state, _key())
     np.testing.assert_allclose(total.numpy(), low_rank.numpy(), atol=1e-3)
+
+
+def _rank_two(shape, seed=0):
+    u = _random((shape[0], 2), tf.float32, seed)
+    v = _random((shape[1], 2), tf.float32, seed + 1)
+    return tf.matmul(u, v, transpose_b=True)
+
+
+def test_powersgd_reseeds_the_warm_start_after_a_zero_gradient():
+    """An all-zero gradient makes Q = M^T P zero; a zero Q would make the
+    next P zero, and the next update only the first rows of M. A fresh Q,
+    drawn from the step's key, gives the exact rank-2 update instead."""
+    c = compressors.PowerSGD(rank=2)
+    shape = (40, 30)
+    state = c.init_state(shape, tf.float32, _key(-1))
+    total, state, _, _ = local_step(c, tf.zeros(shape), state, _key(0))
+    np.testing.assert_array_equal(total.numpy(), 0)
+    q = state.q.numpy()
+    assert np.abs(q).min() > 0 and np.isfinite(q).all()
+    again = local_step(c, tf.zeros(shape), state, _key(0))[1].q
+    np.testing.assert_array_equal(again.numpy(), q)  # only the key decides
+    m = _rank_two(shape)
+    total, _, _, _ = local_step(c, m, state, _key(1))
+    np.testing.assert_allclose(total.numpy(), m.numpy(), atol=1e-3)
+
+
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf], ids=str)
+def test_powersgd_recovers_from_a_non_finite_gradient(special):
+    """A non-finite gradient makes the update (and Q) non-finite; the next
+    step starts from a fresh Q instead of NaN forever."""
+    c = compressors.PowerSGD(rank=2)
+    shape = (40, 30)
+    state = c.init_state(shape, tf.float32, _key(-1))
+    x = _rank_two(shape).numpy()
+    x[3, 4] = special
+    total, state, _, _ = local_step(c, tf.constant(x), state, _key(0))
+    assert not np.isfinite(total.numpy()).all()
+    assert np.isfinite(state.q.numpy()).all()
+    m = _rank_two(shape, seed=5)
+    total, _, _, _ = local_step(c, m, state, _key(1))
+    np.testing.assert_allclose(total.numpy(), m.numpy(), atol=1e-3)
+
+
+def test_powersgd_workers_agree_when_reseeding():
+    """The choice is made on the all-reduced Q, the draw from the shared
+    key: a worker whose own gradient is fine reseeds with the others."""
+    c = compressors.PowerSGD(rank=2)
+    shape = (40, 30)
+    state = c.init_state(shape, tf.float32, _key(-1))
+    bad = _rank_two(shape).numpy()
+    bad[0, 0] = np.nan
+    for xs in ([tf.zeros(shape)] * 2, [_rank_two(shape), tf.constant(bad)]):
+        sent = [c.compress(x, state, _key(3)) for x in xs]
+        p_sum = tf.add_n([p.factor for p, _ in sent])
+        second = [c.next_round(type(p)(p_sum), ctx) for p, ctx in sent]
+        q_sum = tf.add_n([p.factor for p, _ in second])
+        qs = [c.decompress(type(p)(q_sum), ctx)[1].q for p, ctx in second]
+        np.testing.assert_array_equal(qs[0].numpy(), qs[1].numpy())
+        assert np.isfinite(qs[0].numpy()).all()
+        assert np.abs(qs[0].numpy()).max() > 0
 
 
 def test_powersgd_initial_factors_depend_only_on_key():

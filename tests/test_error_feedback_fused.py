@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests import backends
 from tfgc import compressors, ops
 from tfgc.compressors import base
 from tfgc.compressors.error_feedback import ErrorFeedbackState
-from tfgc.ops import _library
 
-_FORCED_OFF = _library._disabled()
 FUSED_OP = "Tfgc>TopKSampleWithResidual"
 
 # (shape, density): n = 1; k = 1; k = n; a few sizes between.
@@ -33,16 +32,12 @@ DTYPES = [tf.float32, tf.float16, tf.bfloat16]
 
 @pytest.fixture
 def library_on(monkeypatch):
-    if _FORCED_OFF:
-        pytest.skip(f"{_library.DISABLE_ENV} is set")
-    monkeypatch.delenv(_library.DISABLE_ENV, raising=False)
-    if not _library.using_custom_ops():
-        pytest.skip(f"custom ops not built: {_library.load_error()}")
+    backends.use("custom", monkeypatch)
 
 
 @pytest.fixture
 def library_off(monkeypatch):
-    monkeypatch.setenv(_library.DISABLE_ENV, "1")
+    backends.use("reference", monkeypatch)
 
 
 def _random(shape, dtype, seed):
@@ -134,11 +129,10 @@ def test_fused_matches_generic_with_library(library_on, shape, density, dtype):
 def test_fused_matches_library_off(monkeypatch, shape, density, dtype):
     """Fused (library on) equals ErrorFeedback without the library, whose
     `tf.math.top_k` may order the same set differently."""
-    if _FORCED_OFF or not _library.using_custom_ops():
-        pytest.skip("needs the custom ops")
+    backends.use("custom", monkeypatch)
     topk = compressors.TopK(density)
     fused = _steps(topk, shape, dtype, _ef_step)
-    monkeypatch.setenv(_library.DISABLE_ENV, "1")
+    backends.use("reference", monkeypatch)
     generic = _steps(topk, shape, dtype, _ef_step)
     for f, g in zip(fused, generic):
         _assert_same(f, g, exact_order=False)
@@ -253,10 +247,11 @@ def test_without_library_the_generic_path_runs(library_off):
     assert len(_dense_arithmetic(graph_ops, 10_000)) == 2
 
 
-def test_fused_zeroes_a_selected_infinity(library_on):
-    """Where a sent entry is not finite the fused residual is 0; the generic
-    subtraction would leave inf - inf = NaN there."""
-    del library_on
+@pytest.mark.parametrize("backend", ["library_on", "library_off"])
+def test_a_selected_infinity_leaves_the_residual(request, backend):
+    """Where a sent entry is not finite the residual is 0: the fused op
+    zeroes it, the generic path does not subtract it (inf - inf = NaN)."""
+    request.getfixturevalue(backend)
     x = tf.constant([0.5, np.inf, -2.0, 0.1])
     _, total, residual = _ef_step(compressors.TopK(0.5), x, tf.zeros(4))
     np.testing.assert_array_equal(total.numpy(), [0, np.inf, -2.0, 0])

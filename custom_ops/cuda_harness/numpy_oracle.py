@@ -12,8 +12,9 @@ import numpy as np
 
 
 def np_keys(x: np.ndarray) -> np.ndarray:
+    """|x| in float32, NaN as +inf (non-finite values go first)."""
     a = np.abs(np.asarray(x, np.float32).reshape(-1))
-    return np.where(np.isnan(a), np.float32(-1), a).astype(np.float32)
+    return np.where(np.isnan(a), np.float32(np.inf), a).astype(np.float32)
 
 
 def np_slice_start(seed: int, max_start: int) -> int:
@@ -37,7 +38,7 @@ def np_select(x, k, mode, rounds=20, seed=0) -> np.ndarray:
     order = np.argsort(-keys, kind="stable")
     if mode == "trimmed":
         return np.sort(order[:k])
-    finite = np.isfinite(keys) & (keys >= 0)
+    finite = np.isfinite(keys)
     if finite.any():
         mean = np.float32(np.sum(keys[finite], dtype=np.float64) / finite.sum())
         mx = keys[finite].max()

@@ -115,23 +115,52 @@ def test_mstopk_seed_determinism(backend):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_nan_and_inf(backend, mode):
-    """Inf has the highest magnitude, NaN the lowest; nothing crashes."""
+def test_non_finite_is_selected_first(backend, mode):
+    """NaN and +-Inf count as the largest magnitude (docs/algorithms.md,
+    "Non-finite gradients"): selected before any finite value, in both
+    builds; among themselves the lower index goes first."""
     del backend
     x = gaussian(1000).numpy()
-    x[[3, 500]] = np.inf
-    x[7] = -np.inf
-    x[[10, 20, 30]] = np.nan
+    special = [3, 7, 10, 20, 30, 500]
+    x[special] = [np.inf, -np.inf, np.nan, np.nan, np.nan, np.inf]
     v, i = tfgc.ops.top_k_sample(tf.constant(x), 20, mode=mode)
-    assert {3, 7, 500} <= set(i.numpy().tolist())
-    assert not {10, 20, 30} & set(i.numpy().tolist())
-    assert np.isinf(v.numpy()).sum() == 3
-    # NaN is selected only when k exceeds the number of other elements.
-    _, i = tfgc.ops.top_k_sample(tf.constant(x), 999, mode="trimmed")
-    assert len({10, 20, 30} & set(i.numpy().tolist())) == 2
+    assert set(special) <= set(i.numpy().tolist())
+    assert np.sum(~np.isfinite(v.numpy())) == len(special)
+    for k in (1, 4, 6):
+        v, i = tfgc.ops.top_k_sample(tf.constant(x), k, mode=mode, seed=k)
+        np.testing.assert_array_equal(i.numpy(), np_select(x, k, mode, seed=k))
+        np.testing.assert_array_equal(v.numpy(), x[i.numpy()])
+    _, i = tfgc.ops.top_k_sample(tf.constant(x), 4, mode="trimmed")
+    np.testing.assert_array_equal(i.numpy(), [3, 7, 10, 20])
     all_nan = tf.fill([64], float("nan"))
     v, i = tfgc.ops.top_k_sample(all_nan, 5, mode=mode)
     assert i.shape[0] >= 5
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [tf.float64], ids=lambda d: d.name)
+def test_top_k_abs_selects_non_finite_first(backend, dtype):
+    """`top_k_abs` (the compiled trimmed top-k or `tf.math.top_k`) takes NaN
+    and +-Inf first, lower index first among them, and with a residual
+    zeroes them there."""
+    del backend
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(5000).astype(np.float32)
+    special = np.sort(rng.choice(5000, 40, replace=False))
+    x[special] = np.resize(np.float32([np.nan, np.inf, -np.inf]), 40)
+    xt = tf.cast(tf.constant(x), dtype)
+    x = tf.cast(xt, tf.float32).numpy()  # as rounded to dtype
+    for k in (1, 25, 40, 100):
+        want = np_select(x, k, "trimmed")
+        v, i = tfgc.ops.top_k_abs(xt, k)
+        np.testing.assert_array_equal(np.sort(i.numpy()), want)
+        np.testing.assert_array_equal(
+            tf.cast(v, tf.float32).numpy(), x[i.numpy()]
+        )
+        v, i, r = tfgc.ops.top_k_abs(xt, k, residual=tf.zeros_like(xt))
+        np.testing.assert_array_equal(np.sort(i.numpy()), want)
+        expect = x.copy()
+        expect[want] = 0
+        np.testing.assert_array_equal(tf.cast(r, tf.float32).numpy(), expect)
 
 
 @pytest.mark.parametrize(

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tfgc import ops
 from tfgc.communicators.topology import Topology
 
 _GROUP_KEY_BASE = 1 << 28
@@ -125,10 +126,27 @@ class Group:
             timeout_seconds=self._timeout,
         )
 
+    def _refuse_xla(self, op: str) -> None:
+        """Refuses a collective that XLA cannot compile on this device.
+
+        TensorFlow has XLA kernels for `CollectiveReduceV2` only, and only
+        on GPUs ("not yet implemented for CPU devices").
+        """
+        device_type = tf.DeviceSpec.from_string(self.device).device_type
+        if op == "CollectiveReduceV2" and device_type == "GPU":
+            return
+        ops.refuse_xla(
+            f"tfgc exchanges payloads among {self.size} replicas with "
+            f"{op}, which TensorFlow cannot compile with XLA on "
+            f"{device_type or 'this device'}",
+            data_dependent_shape=False,
+        )
+
     def all_reduce(self, buffer: tf.Tensor) -> tf.Tensor:
         """The element-wise sum of every member's `buffer`."""
         if self.size == 1:
             return buffer
+        self._refuse_xla("CollectiveReduceV2")
         with tf.device(self.device):
             return tf.raw_ops.CollectiveReduceV2(
                 input=buffer,
@@ -138,6 +156,7 @@ class Group:
             )
 
     def _gather(self, buffer: tf.Tensor, instance_key) -> tf.Tensor:
+        self._refuse_xla("CollectiveGatherV2")
         with tf.device(self.device):
             return tf.raw_ops.CollectiveGatherV2(
                 input=buffer, **self._common(instance_key)
@@ -160,6 +179,7 @@ class Group:
         """
         if self.size == 1:
             return buffer
+        self._refuse_xla("CollectiveBcastSendV2")
         common = self._common(self._instance_keys(self.size) + root)
         del common["ordering_token"]  # the broadcast ops take none
 

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from tfgc import ops
 from tfgc.compressors.base import Compressor, StepInfo, payload_nbytes
 
 #: carry(payloads, collectives) -> (received, overhead bytes): one round of
@@ -98,13 +99,18 @@ def run_rounds(
     tensor that still has one goes through a single `carry` call, so a
     round costs one fused collective per wire type, however many tensors
     there are. `infos` (per tensor) reach the compressors that read them
-    (`Compressor.reads_step_info`).
+    (`Compressor.reads_step_info`). While tracing for XLA, a compressor
+    that XLA cannot compile (`Compressor.xla_unsupported`) is refused.
 
     Returns:
         (totals, new_states, sent, overhead): the sum over workers of each
         tensor, each compressor's next state, and the bytes this worker
         put on the wire (payloads, and beyond them).
     """
+    for compressor in compressors:
+        reason = compressor.xla_unsupported()
+        if reason:
+            ops.refuse_xla(reason)
     totals = [None] * len(tensors)
     new_states = [None] * len(tensors)
     sent, overhead = zero_bytes(), zero_bytes()

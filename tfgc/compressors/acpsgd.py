@@ -13,6 +13,7 @@ from tfgc.compressors.powersgd import (
     effective_rank,
     low_rank_worthwhile,
     matrix_shape,
+    warm_start,
 )
 
 FACTORS = ("p", "q")
@@ -31,6 +32,7 @@ class _Context(NamedTuple):
     dtype: tf.DType
     fixed: tf.Tensor  # the orthogonalised factor this step multiplies by
     state: ACPState
+    key: tf.Tensor  # seeds a fresh factor where the reduced one is unusable
 
 
 def _orthonormal(factor: tf.Tensor) -> tf.Tensor:
@@ -57,10 +59,12 @@ class ACPSGD(base.Compressor):
     (PowerSGD needs two dependent ones); with error feedback (the
     optimizer's default) M includes the residual and what the local factor
     missed stays in it. Both factors start from the same seeded normal draw
-    on every worker. Tensors with fewer than two dimensions, or where the
-    factors would not be smaller than the matrix, go dense in the same
-    buckets. The optimizer exchanges ACP-SGD's tensors in buckets of about
-    `bucket_bytes` of gradient, each its own all-reduce.
+    on every worker; an all-reduced factor that is not finite or is zero
+    is replaced by a fresh draw from the step's key, as PowerSGD's Q
+    (`powersgd.warm_start`). Tensors with fewer than two dimensions, or
+    where the factors would not be smaller than the matrix, go dense in the
+    same buckets. The optimizer exchanges ACP-SGD's tensors in buckets of
+    about `bucket_bytes` of gradient, each its own all-reduce.
 
     Bytes on the wire per worker: rows * r * itemsize on P steps, cols * r
     * itemsize on Q steps (fp32 for 16-bit gradients).
@@ -130,7 +134,6 @@ class ACPSGD(base.Compressor):
         return tf.reshape(tf.cast(x, compute_dtype(x.dtype)), [rows, cols])
 
     def compress(self, x, state, key):
-        del key
         m = self._matrix(x)
         if self.factor == "p":
             fixed = _orthonormal(state.q)
@@ -138,7 +141,8 @@ class ACPSGD(base.Compressor):
         else:
             fixed = _orthonormal(state.p)
             fresh = tf.matmul(m, fixed, transpose_a=True)
-        return FactorPayload(fresh), _Context(x.shape, x.dtype, fixed, state)
+        ctx = _Context(x.shape, x.dtype, fixed, state, key)
+        return FactorPayload(fresh), ctx
 
     def _expand(self, fresh, ctx):
         if self.factor == "p":
@@ -149,10 +153,11 @@ class ACPSGD(base.Compressor):
 
     def decompress(self, reduced, ctx):
         state = ctx.state
+        kept = warm_start(reduced.factor, ctx.key)
         if self.factor == "p":
-            state = state._replace(p=reduced.factor, p_steps=state.p_steps + 1)
+            state = state._replace(p=kept, p_steps=state.p_steps + 1)
         else:
-            state = state._replace(q=reduced.factor, q_steps=state.q_steps + 1)
+            state = state._replace(q=kept, q_steps=state.q_steps + 1)
         return self._expand(reduced.factor, ctx), state
 
     def local_estimate(self, payload, ctx):

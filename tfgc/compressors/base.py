@@ -24,7 +24,10 @@ collective. For one tensor per step the optimizer drives it through
   [num_workers, None], row i being worker i's field.
 * `decompress` returns the *sum* over workers of what they sent, in the
   original shape and dtype. (Keras divides the loss by the number of
-  replicas, so the sum of gradients is their mean.)
+  replicas, so the sum of gradients is their mean.) The one exception is
+  signSGD with majority vote (`SignSGD(scaled=False)`), which returns
+  sign(sum of the workers' signs): +-1 or 0 whatever the number of
+  workers.
 * `local_estimate(payload, ctx)` is the dense tensor that this worker's own
   final-round payload stands for; error feedback subtracts it.
 
@@ -35,10 +38,11 @@ Optional fused error feedback (single-round compressors only):
 
 * `residual` has x's shape and dtype. `payload` and `ctx` are what
   `compress(x + residual, state, key)` returns, and `new_residual` is
-  x + residual - local_estimate(payload, ctx), computed in one pass where
-  the generic path needs an add, a compression, a local estimate and a
-  subtraction. (A sparsifier may zero the entries it sent rather than
-  subtract them; that differs only where those entries are not finite.)
+  x + residual - local_estimate(payload, ctx), and 0 where the local
+  estimate is not finite (a NaN or infinite entry that was sent stays out
+  of the residual), computed in one pass where the generic path needs an
+  add, a compression, a local estimate and a subtraction. (A sparsifier
+  zeroes the entries it sent, which is the same.)
 * It returns None (the default) where the compressor has no faster path
   for these inputs, e.g. without the compiled ops; `ErrorFeedback` then
   takes the generic path. The choice is made in Python while tracing, so
@@ -73,6 +77,9 @@ worker, so every worker makes the same choices):
   `delay` local steps of the inner optimizer, then compresses the weight
   update since the round started (SBC's communication delay); every worker
   ends the round with the round-start weights plus the mean update.
+* `xla_unsupported()`: why XLA cannot compile the compressor's step (None
+  if it can); a step traced for XLA (`jit_compile=True`) with such a
+  compressor is refused while tracing, with that reason.
 * `bucket_bytes`: the compressor's tensors are exchanged in buckets of about
   this many bytes of uncompressed gradient, each its own collectives, so
   one bucket can be on the wire while the next is compressed (None: all in
@@ -222,6 +229,19 @@ class Compressor:
     def collectives(self) -> tuple[str, ...]:
         """The collective of each round (default: `collective` for all)."""
         return (self.collective,) * self.rounds
+
+    def xla_unsupported(self) -> str | None:
+        """Why XLA cannot compile this compressor's step, or None if it can.
+
+        A clause naming the compressor; by default payloads whose size
+        depends on the data (`ALL_GATHER_RAGGED`) cannot be compiled.
+        """
+        if ALL_GATHER_RAGGED in self.collectives():
+            return (
+                f"{type(self).__name__} sends payloads whose size depends "
+                "on the data"
+            )
+        return None
 
     def should_compress(
         self,

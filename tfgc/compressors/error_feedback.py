@@ -37,7 +37,10 @@ class ErrorFeedback(base.Compressor):
     Karimireddy et al. (ICML 2019). With c = x + residual, the new residual
     is c - local_estimate(payload): the sum of everything sent plus the
     residual always equals the sum of all inputs (mass is conserved).
-    The residual is local to each worker and never communicated.
+    Where the local estimate is not finite (a NaN or infinite gradient
+    entry was sent on to the optimizer) the new residual is 0, so that it
+    does not stay NaN (inf - inf) for good. The residual is local to each
+    worker and never communicated.
 
     A single-round compressor with a fused path
     (`Compressor.compress_with_residual`, e.g. `TopK` with the compiled
@@ -68,6 +71,9 @@ class ErrorFeedback(base.Compressor):
 
     def collectives(self):
         return self.compressor.collectives()
+
+    def xla_unsupported(self):
+        return self.compressor.xla_unsupported()
 
     def phases(self):
         inner = self.compressor.phases()
@@ -112,7 +118,11 @@ class ErrorFeedback(base.Compressor):
         residual = ctx.residual
         if residual is None:
             sent = self.compressor.local_estimate(ctx.payload, ctx.inner)
-            residual = ctx.corrected - sent
+            residual = tf.where(
+                tf.math.is_finite(sent),
+                ctx.corrected - sent,
+                tf.zeros_like(sent),
+            )
         return total, ErrorFeedbackState(residual, inner_state)
 
     def local_estimate(self, payload, ctx):

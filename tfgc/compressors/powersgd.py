@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tfgc.compressors import base
@@ -15,6 +16,14 @@ class FactorPayload(NamedTuple):
 
 class PowerSGDState(NamedTuple):
     q: tf.Tensor  # [cols, r], the last all-reduced Q (warm start)
+
+
+class _Context(NamedTuple):
+    shape: tf.TensorShape
+    dtype: tf.DType
+    m: tf.Tensor  # the matrix view of x, in the compute dtype
+    p_orth: tf.Tensor | None  # orth(all-reduced P), from round 1 on
+    key: tf.Tensor  # seeds a fresh Q where the all-reduced one is unusable
 
 
 def matrix_shape(shape) -> tuple[int, int]:
@@ -48,6 +57,25 @@ def low_rank_worthwhile(shape, rank: int) -> bool:
     return (rows + cols) * effective_rank(shape, rank) < rows * cols
 
 
+def warm_start(q: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
+    """The factor the next step starts from: the all-reduced `q`, or a
+    normal draw seeded by `key` where `q` cannot serve.
+
+    A Q with a non-finite entry would make every later factor NaN. A zero
+    Q (every entry below the smallest normal number, which the matmul
+    kernels flush to zero) would make the next P = M Q zero, whose QR is
+    the first unit vectors, so the next update would keep only the first
+    rows of the gradient. The choice depends only on the all-reduced Q,
+    identical on every worker, as is `key`.
+    """
+    tiny = np.finfo(q.dtype.as_numpy_dtype).tiny
+    usable = tf.reduce_all(tf.math.is_finite(q)) & tf.reduce_any(
+        tf.abs(q) >= tiny
+    )
+    fresh = tf.random.stateless_normal(tf.shape(q), seed=key, dtype=q.dtype)
+    return tf.where(usable, q, fresh)
+
+
 @base.register
 class PowerSGD(base.Compressor):
     """Low-rank compression by one step of power iteration per step.
@@ -61,6 +89,13 @@ class PowerSGD(base.Compressor):
     Q; the update is P Q^T.
     Two dependent all-reduces per step, as in the paper. Q persists as warm
     start and starts from the same seeded normal draw on every worker.
+    A warm start that cannot recover is drawn afresh: when the all-reduced
+    Q has a NaN or infinite entry (a non-finite gradient on some worker;
+    the update P Q^T carries it to the optimizer) or all its entries are
+    below the smallest normal number (an all-zero gradient), the next
+    step starts from a normal draw seeded by this step's key instead. The
+    all-reduced Q and the key are the same on every worker, so every worker
+    makes the same choice and draws the same Q.
     Tensors with fewer than 2 dimensions, or where the factors would not be
     smaller than the matrix, are sent dense by the optimizer.
 
@@ -97,25 +132,23 @@ class PowerSGD(base.Compressor):
         return PowerSGDState(q)
 
     def compress(self, x, state, key):
-        del key
         rows, cols = matrix_shape(x.shape)
         m = tf.reshape(tf.cast(x, compute_dtype(x.dtype)), [rows, cols])
         p = tf.matmul(m, state.q)
-        return FactorPayload(p), (x.shape, x.dtype, m, None)
+        return FactorPayload(p), _Context(x.shape, x.dtype, m, None, key)
 
     def next_round(self, reduced, ctx):
-        shape, dtype, m, _ = ctx
         p_orth, _ = tf.linalg.qr(reduced.factor)
-        q = tf.matmul(m, p_orth, transpose_a=True)
-        return FactorPayload(q), (shape, dtype, m, p_orth)
+        q = tf.matmul(ctx.m, p_orth, transpose_a=True)
+        return FactorPayload(q), ctx._replace(p_orth=p_orth)
 
     def _expand(self, q, ctx):
-        shape, dtype, _, p_orth = ctx
-        approx = tf.matmul(p_orth, q, transpose_b=True)
-        return tf.reshape(tf.cast(approx, dtype), shape)
+        approx = tf.matmul(ctx.p_orth, q, transpose_b=True)
+        return tf.reshape(tf.cast(approx, ctx.dtype), ctx.shape)
 
     def decompress(self, reduced, ctx):
-        return self._expand(reduced.factor, ctx), PowerSGDState(reduced.factor)
+        q = warm_start(reduced.factor, ctx.key)
+        return self._expand(reduced.factor, ctx), PowerSGDState(q)
 
     def local_estimate(self, payload, ctx):
         return self._expand(payload.factor, ctx)

@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
+from tfgc import ops
 from tfgc.compressors import _sparse, base
 
 
@@ -19,8 +20,9 @@ class RandomK(base.DensityCompressor):
 
     Stich, Cordonnier and Jaggi, "Sparsified SGD with Memory" (NeurIPS 2018).
     Every worker draws the same k distinct positions from the shared
-    per-step key (a stateless index shuffle), so only values travel and
-    they are all-reduced. Values are not rescaled by n/k: with error
+    per-step key (`tfgc.ops.index_shuffle`, TensorFlow's stateless index
+    shuffle, also under XLA), so only values travel and they are
+    all-reduced. Values are not rescaled by n/k: with error
     feedback the unsent part stays in the residual instead.
 
     Bytes on the wire per worker: k * itemsize.
@@ -34,10 +36,8 @@ class RandomK(base.DensityCompressor):
     def indices(self, n, key):
         """The k positions all workers use for this tensor and step."""
         k = self.num_selected((n,))
-        positions = tf.random.experimental.index_shuffle(
-            tf.range(k, dtype=tf.int64),
-            seed=tf.cast(key, tf.int64),
-            max_index=n - 1,
+        positions = ops.index_shuffle(
+            tf.range(k, dtype=tf.int64), tf.cast(key, tf.int64), n - 1
         )
         return tf.cast(positions, tf.int32)
 

@@ -136,6 +136,14 @@ class RedSync(base.DensityCompressor):
             return base.ALL_GATHER_RAGGED
         return base.ALL_GATHER
 
+    def xla_unsupported(self):
+        if self.selection == "threshold":
+            return (
+                "RedSync(selection='threshold') sends a number of entries "
+                "that depends on the data (selection='trimmed' compiles)"
+            )
+        return None
+
     @property
     def local_momentum(self):
         return self.momentum

@@ -25,10 +25,10 @@ class _Context(NamedTuple):
 
 
 def _largest(x: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """The (up to) k largest strictly positive entries of flat x: values,
-    increasing indices."""
+    """The (up to) k largest strictly positive entries of flat x, NaN first
+    (it counts as the largest magnitude): values, increasing indices."""
     values, indices = ops.top_k_abs(tf.nn.relu(x), k)
-    keep = values > 0
+    keep = ~(values <= 0)  # relu(NaN) is NaN: it is sent
     values, indices = values[keep], indices[keep]
     order = tf.argsort(indices)
     return tf.gather(values, order), tf.gather(indices, order)
@@ -135,6 +135,12 @@ class SBC(base.DensityCompressor):
         n = base.num_elements(ctx.shape)
         sent = _sparse.scatter_sum(ctx.values, ctx.indices, n, ctx.dtype)
         return tf.reshape(sent, ctx.shape)
+
+    def xla_unsupported(self):
+        return (
+            "SBC sends Golomb-Rice coded positions, whose length depends on "
+            "the data"
+        )
 
     def payload_bytes(self, shape, dtype):
         del dtype

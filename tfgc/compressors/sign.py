@@ -1,9 +1,11 @@
-"""Scaled sign compression (EF-SignSGD) with real bit packing."""
+"""Sign compression with real bit packing: scaled (EF-SignSGD) or with
+majority vote (signSGD)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tfgc import ops
@@ -13,25 +15,38 @@ from tfgc.ops.bits import num_words
 
 class SignPayload(NamedTuple):
     bits: tf.Tensor  # [ceil(n / 32)] int32, bit set where x >= 0
-    scale: tf.Tensor  # [1] float32
+    scale: tf.Tensor  # [1] float32; 1 (or NaN) under majority vote
 
 
 @base.register
 class SignSGD(base.Compressor):
-    """Sends sign(x) at 1 bit per element, times one scale per tensor.
+    """Sends sign(x) at 1 bit per element, plus one scale per tensor.
 
-    Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
-    Compression Schemes" (ICML 2019): the compressed tensor is
-    (||x||_1 / n) * sign(x), and error feedback keeps what it misses. With
-    `scaled=False` the scale is 1 (plain signSGD, Bernstein et al. 2018).
-    Zero counts as positive.
+    `scaled=True`: Karimireddy et al., "Error Feedback Fixes SignSGD and
+    other Gradient Compression Schemes" (ICML 2019). Each worker's
+    compressed tensor is (||x||_1 / n) * sign(x), error feedback keeps what
+    it misses, and the result is the sum over workers of scale_i * sign_i.
 
-    Signs differ between workers, so the payload is all-gathered and each
-    worker's signs are unpacked and summed with its scale.
+    `scaled=False`: signSGD with majority vote, Bernstein, Zhao,
+    Azizzadenesheli and Anandkumar, "signSGD with Majority Vote is
+    Communication Efficient and Fault Tolerant" (ICLR 2019). The result is
+    sign(sum over workers of sign_i), 0 where the votes tie: +-1 per
+    element whatever the number of workers (the one exception to the
+    contract's sum over workers). Under error feedback a worker's own
+    contribution (`local_estimate`) is its own sign(x).
+
+    Zero counts as positive. A tensor with a NaN or infinite entry makes
+    the result non-finite, so that it reaches the optimizer: its scale is
+    NaN or infinite (mean |x|), or NaN under majority vote, where the scale
+    is otherwise 1.
+
+    Signs differ between workers, so the payload is all-gathered and every
+    worker's signs are unpacked and summed (with their scales) in one pass.
     Bytes on the wire per worker: 4 * ceil(n / 32) + 4.
 
     Args:
-        scaled: multiply the signs by the mean absolute value.
+        scaled: send the mean absolute value with the signs and sum
+            scale_i * sign_i (EF-SignSGD); False: majority vote.
     """
 
     collective = base.ALL_GATHER
@@ -44,23 +59,33 @@ class SignSGD(base.Compressor):
         flat = tf.reshape(x, [-1])
         if self.scaled:
             scale = tf.reduce_mean(tf.abs(tf.cast(flat, tf.float32)))
-        else:
-            scale = tf.constant(1.0)
+        else:  # 1, or NaN to carry a non-finite entry into the vote
+            finite = tf.reduce_all(tf.math.is_finite(flat))
+            scale = tf.where(finite, 1.0, np.nan)
         payload = SignPayload(ops.pack_bits(flat >= 0), tf.reshape(scale, [1]))
         return payload, (x.shape, x.dtype, state)
 
+    def _signed_sum(self, gathered, shape, dtype):
+        """sum_i scale_i * sign_i over the gathered rows, in one pass."""
+        total = ops.unpack_bits_sum(
+            gathered.bits,
+            tf.reshape(gathered.scale, [-1]),
+            base.num_elements(shape),
+        )
+        return tf.reshape(tf.cast(total, dtype), shape)
+
     def decompress(self, reduced, ctx):
         shape, dtype, state = ctx
-        n = base.num_elements(shape)
-        # One fused pass over all workers' bits: sum_i scale_i * sign_i.
-        total = ops.unpack_bits_sum(
-            reduced.bits, tf.reshape(reduced.scale, [-1]), n
-        )
-        return tf.reshape(tf.cast(total, dtype), shape), state
+        total = self._signed_sum(reduced, shape, dtype)
+        if not self.scaled:  # the sum of +-1 (or NaN) votes, exact in fp32
+            total = tf.sign(total)
+        return total, state
 
     def local_estimate(self, payload, ctx):
-        stacked = tf.nest.map_structure(lambda t: t[None], payload)
-        return self.decompress(stacked, ctx)[0]
+        # This worker's own scale * sign: under majority vote its own sign.
+        shape, dtype, _ = ctx
+        own = tf.nest.map_structure(lambda t: t[None], payload)
+        return self._signed_sum(own, shape, dtype)
 
     def payload_bytes(self, shape, dtype):
         del dtype

@@ -3,11 +3,14 @@
 Each function runs a compiled custom op (`Tfgc>...`, built from
 `custom_ops/`) when the library `tfgc/ops/_tfgc_ops.so` loads, and its
 pure-TensorFlow reference otherwise; `using_custom_ops()` tells which.
-`TFGC_DISABLE_CUSTOM_OPS=1` forces the references. Importing this package
-never fails because the library is missing or broken.
+`TFGC_DISABLE_CUSTOM_OPS=1` forces the references, and so does tracing a
+graph that XLA compiles (`compiling_with_xla()`: the compiled ops have no
+XLA kernels); what XLA cannot compile at all is refused while tracing
+(`refuse_xla`). Importing this package never fails because the library is
+missing or broken.
 """
 
-from tfgc.ops._library import using_custom_ops
+from tfgc.ops._library import compiling_with_xla, refuse_xla, using_custom_ops
 from tfgc.ops.bits import (
     pack_bits,
     unpack_bits,
@@ -22,15 +25,19 @@ from tfgc.ops.golomb import (
 )
 from tfgc.ops.golomb import max_encoded_bytes as golomb_max_encoded_bytes
 from tfgc.ops.scatter import scatter_add_sum
+from tfgc.ops.shuffle import index_shuffle
 from tfgc.ops.top_k_sample import top_k_abs, top_k_sample
 
 __all__ = [
+    "compiling_with_xla",
     "golomb_decode",
     "golomb_encode",
     "golomb_expected_bits_per_position",
     "golomb_max_encoded_bytes",
     "golomb_optimal_b",
+    "index_shuffle",
     "pack_bits",
+    "refuse_xla",
     "scatter_add_sum",
     "top_k_abs",
     "top_k_sample",

@@ -5,6 +5,10 @@ The library `_tfgc_ops.so` next to this file is built by `pip install
 it is missing or fails to load, every op in `tfgc.ops` runs its pure-TF
 reference and one warning says why. `TFGC_DISABLE_CUSTOM_OPS=1` forces the
 reference (read at every call, so tests can flip it).
+
+While XLA compiles the graph being traced (`compiling_with_xla`), the
+compiled ops are not used either: they have no XLA kernels. The choice is
+made in Python while tracing, so it adds nothing to the graph.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import types
 import warnings
 
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 DISABLE_ENV = "TFGC_DISABLE_CUSTOM_OPS"
 LIBRARY_PATH = os.path.join(os.path.dirname(__file__), "_tfgc_ops.so")
@@ -78,9 +83,54 @@ def _register_no_gradients(module: types.ModuleType) -> None:
             pass
 
 
+def compiling_with_xla() -> bool:
+    """Whether the graph being traced is compiled by XLA.
+
+    True inside `tf.function(jit_compile=True)` (as `model.compile(
+    jit_compile=True)` makes Keras's train step), including its `tf.cond`
+    and `tf.switch_case` branches, loops, `strategy.run` replicas and the
+    functions it calls; False in eager mode and in graphs TensorFlow runs
+    itself.
+    """
+    if tf.executing_eagerly():
+        return False
+    graph = tf.compat.v1.get_default_graph()
+    return control_flow_util.GraphOrParentsInXlaContext(graph)
+
+
+def refuse_xla(reason: str, data_dependent_shape: bool = True) -> None:
+    """Raises while tracing for XLA a step that XLA cannot compile.
+
+    Args:
+        reason: what cannot be compiled, as a clause, e.g.
+            "tfgc.ops.golomb_encode writes a stream whose length depends
+            on the data".
+        data_dependent_shape: the reason is a shape known only at run
+            time (the message then says that XLA needs static shapes).
+
+    Raises:
+        ValueError: `compiling_with_xla()` is true; the message gives
+            `reason` and the fix.
+    """
+    if not compiling_with_xla():
+        return
+    if data_dependent_shape:
+        reason += ", and XLA needs every shape before the step runs"
+    raise ValueError(
+        f"XLA cannot compile this step: {reason}. Train without XLA: "
+        "`model.compile(..., jit_compile=False)` (Keras's default "
+        "jit_compile='auto' turns XLA on for one GPU without a distribution "
+        "strategy), or `tf.function(jit_compile=False)`."
+    )
+
+
 def custom_ops() -> types.ModuleType | None:
-    """Returns the loaded op library, or None to use the references."""
-    if _disabled():
+    """Returns the loaded op library, or None to use the references.
+
+    None also while XLA compiles the graph being traced: the compiled ops
+    have no XLA kernels, and the references compile.
+    """
+    if _disabled() or compiling_with_xla():
         return None
     return _load()
 
@@ -88,8 +138,9 @@ def custom_ops() -> types.ModuleType | None:
 def using_custom_ops() -> bool:
     """Whether `tfgc.ops` functions run the compiled custom ops.
 
-    False when `TFGC_DISABLE_CUSTOM_OPS=1` is set or the library is missing
-    or does not load (a warning then says why).
+    False when `TFGC_DISABLE_CUSTOM_OPS=1` is set, the library is missing
+    or does not load (a warning then says why), or XLA compiles the graph
+    being traced (`compiling_with_xla`).
     """
     return custom_ops() is not None
 

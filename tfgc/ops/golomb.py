@@ -235,7 +235,8 @@ def golomb_encode(
             outside [0, n), n < 0 or b outside [0, 31] (eager and in
             tf.function).
         TypeError: indices not int32/int64.
-        ValueError: indices not a vector.
+        ValueError: indices not a vector, or XLA compiles the graph
+            (`jit_compile=True`): the stream's length depends on the data.
     """
     indices, n_t, b_t = _encode_args(indices, n, b)
     op = _custom_op("tfgc_golomb_encode")
@@ -255,6 +256,10 @@ def golomb_encode_reference(
 def _encode_reference(
     indices: tf.Tensor, n: tf.Tensor, b: tf.Tensor
 ) -> tuple[tf.Tensor, tf.Tensor]:
+    _library.refuse_xla(
+        "tfgc.ops.golomb_encode writes a stream whose length depends on "
+        "the data"
+    )
     idx = tf.cast(indices, tf.int64)
     checks = [
         tf.debugging.assert_rank(n, 0, message="`n` must be a scalar"),
@@ -362,6 +367,7 @@ def golomb_decode(
         tf.errors.InvalidArgumentError: the stream ends inside one of the
             first k codes, a position leaves [0, n) or int32, k < 0 or b
             outside [0, 31] (eager and in tf.function).
+        ValueError: while XLA compiles the graph (`jit_compile=True`).
     """
     encoded, k_t, b_t, n_t = _decode_args(encoded, k, b, n)
     op = _custom_op("tfgc_golomb_decode")
@@ -383,6 +389,9 @@ def golomb_decode_reference(
 def _decode_reference(
     encoded: tf.Tensor, k: tf.Tensor, b: tf.Tensor, n: tf.Tensor
 ) -> tf.Tensor:
+    _library.refuse_xla(
+        "tfgc.ops.golomb_decode reads codes whose lengths depend on the data"
+    )
     k_value = _static_int(k)
     k = tf.cast(k, tf.int64)
     checks = [

@@ -124,7 +124,8 @@ def scatter_add_sum(
             outside [0, n) (the message names the first one and n); in
             eager mode and in tf.function alike (a tf.function traced with
             static shapes reports bad ranks and lengths when tracing, as
-            ValueError from shape inference, with the compiled op).
+            ValueError from shape inference, with the compiled op). Under
+            XLA (`jit_compile=True`) an index outside [0, n) is dropped.
         TypeError: a dtype other than those above.
     """
     values, indices, n = _check_args(values, indices, n)
@@ -143,6 +144,10 @@ def scatter_add_sum_reference(
 
 def _reference(values: tf.Tensor, indices: tf.Tensor, n: tf.Tensor):
     n64 = tf.cast(n, tf.int64)
+    if _library.compiling_with_xla():
+        # XLA compiles no run-time check (nor the message's string ops);
+        # there an index outside [0, n) is dropped.
+        return _segment_sum(values, indices, n64)
     checks = [
         tf.debugging.assert_equal(
             tf.rank(values), 1, message="`values` must be a vector [m]"
@@ -180,8 +185,12 @@ def _reference(values: tf.Tensor, indices: tf.Tensor, n: tf.Tensor):
     message = tf.cond(ok, lambda: tf.constant(""), describe)
     in_range = tf.debugging.Assert(ok, [message])
     with tf.control_dependencies([in_range]):
-        # Summing in float32 rounds half and bfloat16 once.
-        dense = tf.math.unsorted_segment_sum(
-            tf.cast(values, tf.float32), indices, n64
-        )
+        return _segment_sum(values, indices, n64)
+
+
+def _segment_sum(values: tf.Tensor, indices: tf.Tensor, n: tf.Tensor):
+    # Summing in float32 rounds half and bfloat16 once.
+    dense = tf.math.unsorted_segment_sum(
+        tf.cast(values, tf.float32), indices, n
+    )
     return tf.cast(dense, values.dtype)

@@ -6,7 +6,8 @@ return the same indices for the same inputs and seed.
 
 Shared definitions (docs/algorithms.md, "Selection and position-coding ops"):
 
-* key(x) = |x| in float32; NaN has key -1 (selected last), +-Inf key +inf.
+* key(x) = |x| in float32; NaN has key +inf, as +-Inf: non-finite values
+  count as the largest magnitude and are selected first.
 * mean = sum of finite keys (float64) / their count, rounded to float32; max =
   largest finite key; both 0 when no key is finite; diff = max - mean.
 * thr(ratio) = mean + ratio * diff in float32, ratio bisected in [0, 1]
@@ -19,8 +20,7 @@ Modes:
   every key >= thr1 plus k - k1 elements of the band thr2 <= key < thr1, a
   contiguous slice (in index order) whose start is uniform in
   [0, |band| - (k - k1)] given `seed`. Exactly k. With no count <= k the band
-  has no upper bound; with no count > k it has no lower bound (NaN
-  included).
+  has no upper bound; with no count > k it has no lower bound.
 * "threshold" (RedSync, Fang et al. 2019): counts of key > thr; a count
   <= k lowers thr, a count >= 2k raises it, k < count < 2k is accepted.
   Output: the keys > the accepted threshold (k < size < 2k); if none was
@@ -94,7 +94,9 @@ def top_k_sample(
 
     Raises:
         tf.errors.InvalidArgumentError: k is not a scalar in [0, x.size].
-        ValueError: unknown mode or rounds out of range.
+        ValueError: unknown mode or rounds out of range; or, while XLA
+            compiles the graph (`jit_compile=True`), mode "threshold" or
+            a k not known while tracing (output sizes XLA cannot know).
     """
     x = tf.convert_to_tensor(x)
     _check_args(x, mode, rounds)
@@ -122,9 +124,35 @@ def _as_index(k: int | tf.Tensor) -> tf.Tensor:
     return k
 
 
+def _static_k(k: int | tf.Tensor, x: tf.Tensor) -> int | None:
+    """k as a Python int when it and x's size are known while tracing."""
+    value = tf.get_static_value(k)
+    if value is None or np.ndim(value) != 0 or not x.shape.is_fully_defined():
+        return None
+    return int(value)
+
+
+def _positions(mask: tf.Tensor, k: int) -> tf.Tensor:
+    """The increasing int32 positions of a mask with exactly k set, [k].
+
+    Each set element goes to slot (number of set elements before it); a
+    static shape, unlike `tf.where`, so XLA compiles it.
+    """
+    n = mask.shape[0]
+    slot = tf.cumsum(tf.cast(mask, tf.int32), exclusive=True)
+    slot = tf.where(mask & (slot < k), slot, k)  # slot k: dropped
+    iota = tf.where(mask, tf.range(n, dtype=tf.int32), 0)
+    return tf.math.unsorted_segment_sum(iota, slot, k + 1)[:k]
+
+
 def _keys(x: tf.Tensor) -> tf.Tensor:
-    a = tf.abs(tf.cast(tf.reshape(x, [-1]), tf.float32))
-    return tf.where(tf.math.is_nan(a), tf.constant(-1.0), a)
+    return _magnitude(tf.cast(tf.reshape(x, [-1]), tf.float32))
+
+
+def _magnitude(x: tf.Tensor) -> tf.Tensor:
+    """|x|, with NaN as +inf (the largest magnitude, as +-inf)."""
+    a = tf.abs(x)
+    return tf.where(tf.math.is_nan(a), tf.constant(np.inf, a.dtype), a)
 
 
 def slice_start_reference(seed: tf.Tensor, max_start: tf.Tensor) -> tf.Tensor:
@@ -146,7 +174,7 @@ def slice_start_reference(seed: tf.Tensor, max_start: tf.Tensor) -> tf.Tensor:
 
 
 def _stats(keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    finite = tf.math.is_finite(keys) & (keys >= 0)
+    finite = tf.math.is_finite(keys)
     count = tf.reduce_sum(tf.cast(finite, tf.int64))
     total = tf.reduce_sum(tf.where(finite, tf.cast(keys, tf.float64), 0.0))
     mean = tf.cast(
@@ -249,6 +277,17 @@ def top_k_sample_reference(
     """Pure-TensorFlow `top_k_sample`: same arguments, same results."""
     x = tf.convert_to_tensor(x)
     _check_args(x, mode, rounds)
+    k_static = _static_k(k, x)
+    if mode == "threshold":
+        _library.refuse_xla(
+            "tfgc.ops.top_k_sample(mode='threshold') selects a number of "
+            "elements that depends on the data"
+        )
+    elif k_static is None:
+        _library.refuse_xla(
+            "tfgc.ops.top_k_sample with a k known only at run time returns "
+            "that many elements"
+        )
     if residual is not None:
         residual = tf.convert_to_tensor(residual, dtype=x.dtype)
         x = x + residual
@@ -272,12 +311,21 @@ def top_k_sample_reference(
         keys = tf.identity(_keys(flat))
         k = tf.identity(tf.reshape(k, []))
         seed = tf.cast(tf.reshape(seed, []), tf.int64)
-    mask = tf.cond(
-        k > 0,
-        lambda: _mask_reference(keys, k, mode, rounds, seed),
-        lambda: tf.zeros(tf.shape(keys), tf.bool),
-    )
-    indices = tf.cast(tf.reshape(tf.where(mask), [-1]), tf.int32)
+    if k_static is not None and mode != "threshold":
+        # Exactly k: decided while tracing, and of static shape [k].
+        mask = (
+            _mask_reference(keys, k_static, mode, rounds, seed)
+            if k_static > 0
+            else tf.zeros(tf.shape(keys), tf.bool)
+        )
+        indices = _positions(mask, k_static)
+    else:
+        mask = tf.cond(
+            k > 0,
+            lambda: _mask_reference(keys, k, mode, rounds, seed),
+            lambda: tf.zeros(tf.shape(keys), tf.bool),
+        )
+        indices = tf.cast(tf.reshape(tf.where(mask), [-1]), tf.int32)
     values = tf.gather(flat, indices)
     if residual is None:
         return values, indices
@@ -295,8 +343,9 @@ def top_k_abs(
     Runs the compiled `TopKSample` in "trimmed" mode when the library is
     loaded (several times faster than `tf.math.top_k` on CPU; see
     benchmarks/results/ops_cpu.md), and `tf.math.top_k` over |x| otherwise
-    (faster than the pure-TF trimmed reference). Both select the same set;
-    the order of the result may differ.
+    (faster than the pure-TF trimmed reference). Both select the same set:
+    NaN and +-Inf count as the largest magnitude, and ties go to the lower
+    index. The order of the result may differ.
 
     Args:
         x: floating tensor of any shape.
@@ -326,5 +375,5 @@ def top_k_abs(
     flat = tf.reshape(x, [-1])
     if compiled:
         return top_k_sample(flat, k, mode="trimmed")
-    _, indices = tf.math.top_k(tf.abs(flat), k=k, sorted=False)
+    _, indices = tf.math.top_k(_magnitude(flat), k=k, sorted=False)
     return tf.gather(flat, indices), indices

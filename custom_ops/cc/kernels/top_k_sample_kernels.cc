@@ -55,15 +55,16 @@ namespace tfgc {
 namespace {
 
 constexpr float kMaxFloat = std::numeric_limits<float>::max();
+constexpr float kInf = std::numeric_limits<float>::infinity();
 
 template <typename T>
 inline float Magnitude(T x) {
   return std::fabs(static_cast<float>(x));
 }
 
-// The key of the header: NaN maps to -1.
+// The key of the header: NaN maps to +inf, like +-inf.
 inline float KeyOf(float magnitude) {
-  return std::isnan(magnitude) ? -1.0f : magnitude;
+  return std::isnan(magnitude) ? kInf : magnitude;
 }
 
 struct Stats {
@@ -216,7 +217,7 @@ Stats AddAndComputeStats(OpKernelContext* ctx, const T* g, const T* r, T* acc,
 }
 
 // Number of coarse thresholds counted in the second pass (unused slots are
-// NaN, which no key passes).
+// NaN, which no key passes: keys are never NaN).
 constexpr int kCoarse = 6;
 
 inline float CandidateKey(float value) { return KeyOf(std::fabs(value)); }
@@ -269,7 +270,7 @@ void CountRangeScalar(const T* x, int64_t begin, int64_t end, const float* th,
                       float thr, int64_t* c, CandidateBuffer* part) {
   for (int64_t i = begin; i < end; ++i) {
     const float v = static_cast<float>(x[i]);
-    const float a = std::fabs(v);
+    const float a = CandidateKey(v);
     for (int j = 0; j < kCoarse; ++j) c[j] += kStrict ? a > th[j] : a >= th[j];
     if (kStrict ? a > thr : a >= thr) Append(v, i, part);
   }
@@ -283,7 +284,7 @@ template <typename T, bool kStrict>
 TFGC_AVX2 void CountRangeAvx2(const T* x, int64_t begin, int64_t end,
                               const float* th, float thr, int64_t* c,
                               CandidateBuffer* part) {
-  constexpr int kCmp = kStrict ? _CMP_GT_OQ : _CMP_GE_OQ;  // NaN: false
+  constexpr int kCmp = kStrict ? _CMP_GT_OQ : _CMP_GE_OQ;  // NaN thr: false
   __m256 t[kCoarse];
   __m256i acc[kCoarse];
   for (int j = 0; j < kCoarse; ++j) {
@@ -291,6 +292,7 @@ TFGC_AVX2 void CountRangeAvx2(const T* x, int64_t begin, int64_t end,
     acc[j] = _mm256_setzero_si256();
   }
   const __m256 tl = _mm256_set1_ps(thr);
+  const __m256 inf = _mm256_set1_ps(kInf);
   const LeftPackTable& pack = LeftPack();
   float* out_value = part->value.get();
   int32_t* out_index = part->index.get();
@@ -298,7 +300,8 @@ TFGC_AVX2 void CountRangeAvx2(const T* x, int64_t begin, int64_t end,
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) {
     const __m256 raw = LoadFloat8(x + i);
-    const __m256 v = Abs8(raw);
+    // The keys: min_ps returns its second operand when the first is NaN.
+    const __m256 v = _mm256_min_ps(Abs8(raw), inf);
     for (int j = 0; j < kCoarse; ++j) {
       const __m256 m = _mm256_cmp_ps(v, t[j], kCmp);
       acc[j] = _mm256_sub_epi32(acc[j], _mm256_castps_si256(m));
@@ -429,7 +432,7 @@ int64_t TotalCount(const std::vector<std::array<int64_t, kCoarse>>& counts,
 }
 
 // Copies, in index order, every element passing coarse threshold `level`
-// (all of them, NaN keys included, when level < 0).
+// (all of them when level < 0).
 template <typename T, bool kStrict>
 void Compact(OpKernelContext* ctx, const T* x,
              const std::vector<std::array<int64_t, kCoarse>>& counts,
@@ -458,7 +461,7 @@ void Compact(OpKernelContext* ctx, const T* x,
     }
     for (int64_t i = blocks.begin(b); i < end; ++i) {
       const float v = static_cast<float>(x[i]);
-      const float a = std::fabs(v);
+      const float a = CandidateKey(v);
       if (kStrict ? a > thr : a >= thr) {
         value[o] = v;
         index[o] = static_cast<int32_t>(i);
@@ -468,8 +471,7 @@ void Compact(OpKernelContext* ctx, const T* x,
   });
 }
 
-// Number of candidate keys >= thr (> thr when kStrict). Thresholds are
-// never negative, so |value| gives the same answer as the key (NaN fails).
+// Number of candidate keys >= thr (> thr when kStrict).
 template <bool kStrict>
 int64_t CountPassing(OpKernelContext* ctx, const std::vector<float>& value,
                      float thr) {
@@ -482,7 +484,7 @@ int64_t CountPassing(OpKernelContext* ctx, const std::vector<float>& value,
     const float* v = value.data();
     const int64_t end = blocks.end(b);
     for (int64_t i = blocks.begin(b); i < end; ++i) {
-      const float a = std::fabs(v[i]);
+      const float a = CandidateKey(v[i]);
       c += kStrict ? (a > thr) : (a >= thr);
     }
     part[b] = c;
@@ -509,14 +511,13 @@ void Prune(float thr, Candidates* cand) {
   cand->index.resize(out);
 }
 
-// An unsigned integer with the order of the keys: NaN (key -1) lowest, then
-// the non-negative floats in the order of their bit patterns.
+// An unsigned integer with the order of the keys: keys are non-negative
+// floats (at most +inf), whose bit patterns are in their order.
 inline uint32_t RadixKey(float value) {
   const float key = CandidateKey(value);
-  if (key < 0.0f) return 0;
   uint32_t bits;
   std::memcpy(&bits, &key, sizeof(bits));
-  return bits + 1;  // at most 0x7f800001 (+inf)
+  return bits;  // at most 0x7f800000 (+inf)
 }
 
 // Exact top-k of the candidates (which hold every key >= the k-th largest):
@@ -544,11 +545,8 @@ SelectionPlan ExactTopK(Candidates* cand, int64_t k) {
                               [&](uint32_t u) { return (u & mask) != prefix; }),
                keys.end());
   }
-  float v = -1.0f;
-  if (prefix != 0) {
-    const uint32_t bits = prefix - 1;
-    std::memcpy(&v, &bits, sizeof(v));
-  }
+  float v;
+  std::memcpy(&v, &prefix, sizeof(v));
   // need = how many keys equal to v the selection takes.
   return ExactPlan(v, k - need, k);
 }
@@ -627,7 +625,7 @@ bool SampledThreshold(const T* x, int64_t n, int64_t k, float* thr,
                    [](float a, float b) { return a > b; });
   *thr = keys[rank];
   *fraction = static_cast<double>(rank) / samples;
-  return *thr >= 0.0f;  // not a NaN key
+  return true;
 }
 
 // Trimmed top-k is the exact top-k of the keys above the highest of the
@@ -656,7 +654,7 @@ SelectionPlan TrimmedPlan(OpKernelContext* ctx, const T* x, int64_t n,
   if (sampled >= 0 && TotalCount(counts, sampled) >= k) {
     return ExactTopK(cand, k);
   }
-  int level = -1;  // none: every key, NaN included, is a candidate
+  int level = -1;  // none: every key is a candidate
   for (int j = 0; j < kTrimmedSteps; ++j) {
     if (TotalCount(counts, j) >= k) {
       level = j;

@@ -50,10 +50,11 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// The key of top_k_sample_kernels.h: |v|, NaN counting as +inf.
 template <typename T>
 __device__ __forceinline__ float Key(T v) {
   const float a = fabsf(ToFloat(v));
-  return isnan(a) ? -1.0f : a;
+  return isnan(a) ? INFINITY : a;
 }
 
 struct DeviceLimits {
@@ -352,15 +353,10 @@ class Counter {
   int grid_;
 };
 
-// k-th largest key by bisection over the bit pattern of non-negative floats.
+// k-th largest key by bisection over the bit pattern of non-negative floats
+// (keys are never negative nor NaN, so count(>= 0) = n >= k).
 template <typename T>
 int ExactPlanGpu(Counter<T>& count, int64_t k, SelectionPlan* plan) {
-  const int64_t non_nan = count(0.0f, false);
-  if (non_nan < 0) return static_cast<int>(cudaErrorUnknown);
-  if (non_nan < k) {
-    *plan = ExactPlan(-1.0f, non_nan, k);
-    return 0;
-  }
   uint32_t lo = 0, hi = 0x7f800000u;  // count(>= lo) >= k holds at lo = 0
   while (lo < hi) {
     const uint32_t mid = lo + (hi - lo + 1) / 2;

@@ -8,7 +8,8 @@
 //
 // Definitions shared by every implementation (and by the pure-TF reference in
 // tfgc/ops/top_k_sample.py, which is the test oracle):
-//   key(x)  = -1 if x is NaN, else |x| computed in float32.
+//   key(x)  = |x| computed in float32, +inf if x is NaN: non-finite values
+//             (NaN, +-inf) count as the largest magnitude and go first.
 //   mean    = (float) (sum of finite keys in double / number of finite keys),
 //             0 when no key is finite; max = largest finite key (0 if none);
 //             diff = max - mean (float32).
@@ -32,10 +33,9 @@ enum class TopKSampleMode : int {
 
 // The final selection, in terms of keys: every element with
 // `has_above && key >= above` (key > above when `above_strict`) is selected,
-// plus the elements of the band
-// `band_lo <= key < above` (no upper bound when !has_above; no lower bound,
-// NaN keys included, when !has_band_lo) whose rank inside the band, in index
-// order, lies in [start, start + need).
+// plus the elements of the band `band_lo <= key < above` (no upper bound
+// when !has_above; no lower bound when !has_band_lo) whose rank inside the
+// band, in index order, lies in [start, start + need).
 struct SelectionPlan {
   bool has_above = false;
   bool above_strict = false;
