@@ -834,6 +834,20 @@ def sign_send(acc, step, index):
     return sent.reshape(acc.shape), None, 4 * -(-flat.size // 32) + 4
 
 
+def vote_send(acc, step, index):
+    """signSGD with majority vote: this worker's sign of acc (zero counts
+    as +); reduce with `majority`."""
+    del step, index
+    flat = acc.reshape(-1)
+    sent = np.where(flat >= 0, 1.0, -1.0).astype(F32)
+    return sent.reshape(acc.shape), None, 4 * -(-flat.size // 32) + 4
+
+
+def majority(sent):
+    """The sign of the workers' summed signs: +-1, or 0 on a tie."""
+    return np.sign(worker_sum(sent)).astype(F32)
+
+
 def cast_send(dtype: str):
     """FP16 / BF16: acc rounded to the 16-bit type."""
     rounding, _ = CASTS[dtype]

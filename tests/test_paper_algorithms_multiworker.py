@@ -932,7 +932,7 @@ def test_acpsgd_factor_of_the_sum_is_the_sum_of_the_factors(run):
             np.testing.assert_allclose(summed, of_sum, **ACP_TOL)
 
 
-# --- 10. TopK, RandomK, EF-SignSGD, FP16, BF16, Identity, PowerSGD -----------
+# --- 10. TopK, RandomK, SignSGD, FP16, BF16, Identity, PowerSGD -------------
 
 POWERSGD_RANK = 3
 # (41, 50), (3001,) and (33, 17) with error feedback; (7,) is small: dense.
@@ -979,7 +979,10 @@ ONE_ROUND_SENDS = {
     "topk": lambda run: ref.topk_send(DENSITY),
     "randomk": lambda run: ref.randomk_send(randomk_indices(run)),
     "signsgd": lambda run: ref.sign_send,
+    "signsgd_vote": lambda run: ref.vote_send,
 }
+# How the workers' payloads combine (default: their float32 sum).
+ONE_ROUND_REDUCE = {"signsgd_vote": ref.majority}
 
 
 @pytest.mark.parametrize("name", list(ONE_ROUND_SENDS))
@@ -993,6 +996,7 @@ def test_one_round_compressor_matches_numpy(run, name):
         LR,
         ONE_ROUND_SENDS[name](run),
         min_compress_size=MIN_COMPRESS_SIZE,
+        reduce=ONE_ROUND_REDUCE.get(name, ref.worker_sum),
     )
     plans = list(run.results[0][f"{name}/plans"])
     dense = name == "identity"

@@ -629,6 +629,7 @@ BASIC_RUNS = {
     "topk": (lambda: TopK(DENSITY), 13),
     "randomk": (lambda: RandomK(DENSITY), 14),
     "signsgd": (lambda: SignSGD(scaled=True), 15),
+    "signsgd_vote": (lambda: SignSGD(scaled=False), 17),
     "powersgd": (lambda: PowerSGD(rank=POWERSGD_RANK), 16),
 }
 BASIC_STEPS = 4
