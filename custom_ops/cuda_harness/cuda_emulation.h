@@ -929,6 +929,10 @@ inline float BitsFloat(uint32_t u) {
   return f;
 }
 
+// The bit reinterpretations of the CUDA math API.
+inline unsigned __float_as_uint(float f) { return FloatBits(f); }
+inline float __uint_as_float(unsigned u) { return BitsFloat(u); }
+
 inline float __half2float(__half h) {
   const uint32_t sign = uint32_t{h.x & 0x8000u} << 16;
   const uint32_t exp = (h.x >> 10) & 0x1f;

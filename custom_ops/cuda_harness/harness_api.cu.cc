@@ -9,6 +9,13 @@
 
 #include <cstdint>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>  // _mm_getcsr, _mm_setcsr
+#define TFGC_HARNESS_HAVE_MXCSR 1
+#else
+#define TFGC_HARNESS_HAVE_MXCSR 0
+#endif
+
 #include "custom_ops/cc/kernels/bits_kernels.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
 #include "custom_ops/cc/kernels/golomb_kernels.h"
@@ -30,6 +37,33 @@ int EnsureScratch(int64_t bytes) {
   g_scratch_bytes = bytes;
   return 0;
 }
+
+// While alive, the calling thread flushes denormal results to zero and
+// reads denormal operands as zero (MXCSR FTZ and DAZ), as TensorFlow sets
+// its threads, when `on`; then restores the previous mode. Under the
+// emulation the "device" code runs on this thread too, so it also stands
+// for device code built with -ftz=true.
+class ScopedFlushDenormals {
+ public:
+  explicit ScopedFlushDenormals(bool on) {
+#if TFGC_HARNESS_HAVE_MXCSR
+    saved_ = _mm_getcsr();
+    if (on) _mm_setcsr(saved_ | 0x8040u);  // FTZ (bit 15), DAZ (bit 6)
+#else
+    (void)on;
+#endif
+  }
+  ~ScopedFlushDenormals() {
+#if TFGC_HARNESS_HAVE_MXCSR
+    _mm_setcsr(saved_);
+#endif
+  }
+  ScopedFlushDenormals(const ScopedFlushDenormals&) = delete;
+  ScopedFlushDenormals& operator=(const ScopedFlushDenormals&) = delete;
+
+ private:
+  unsigned saved_ = 0;
+};
 
 }  // namespace
 
@@ -55,14 +89,23 @@ int tfgc_copy_to_host(void* dst, const void* src, int64_t bytes) {
       cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
+// Whether tfgc_top_k_sample can flush denormals (x86: MXCSR).
+int tfgc_can_flush_denormals() { return TFGC_HARNESS_HAVE_MXCSR; }
+
 // dtype: 0 float32, 1 float16, 2 bfloat16; mode: 0 mstopk, 1 threshold,
 // 2 trimmed. `capacity` is the length of values/indices; *out_size gets the
 // selection size (an error is returned when it exceeds capacity).
-// `zero_selected` (nullable) has its selected entries zeroed.
+// `zero_selected` (nullable) has its selected entries zeroed. With
+// `flush_denormals` the call runs in ScopedFlushDenormals (an error where
+// tfgc_can_flush_denormals() is 0).
 int tfgc_top_k_sample(int dtype, const void* x, int64_t n, int64_t k,
                       int mode, int rounds, int64_t seed, void* values,
                       int32_t* indices, int64_t capacity, int64_t* out_size,
-                      void* zero_selected) {
+                      void* zero_selected, int flush_denormals) {
+  if (flush_denormals && !TFGC_HARNESS_HAVE_MXCSR) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  ScopedFlushDenormals flush(flush_denormals != 0);
   int err = EnsureScratch(tfgc::gpu::TopKSampleScratchBytes(n));
   if (err != 0) return err;
   tfgc::SelectionPlan plan;
@@ -213,7 +256,7 @@ int tfgc_time(int fn_id, int dtype, const void* x, int64_t n, int64_t k,
       err = tfgc_pack_bits(static_cast<const bool*>(x), n, indices);
     } else {
       err = tfgc_top_k_sample(dtype, x, n, k, fn_id, rounds, it, values,
-                              indices, capacity, &size, nullptr);
+                              indices, capacity, &size, nullptr, 0);
     }
   }
   cudaEventRecord(stop);

@@ -10,11 +10,26 @@ from __future__ import annotations
 
 import numpy as np
 
+INF_KEY = 0x7F800000  # the key of +inf and of NaN; finite keys are below
+MIN_NORMAL_KEY = 0x00800000  # the key of 2^-126; subnormal keys are below
+
 
 def np_keys(x: np.ndarray) -> np.ndarray:
-    """|x| in float32, NaN as +inf (non-finite values go first)."""
-    a = np.abs(np.asarray(x, np.float32).reshape(-1))
-    return np.where(np.isnan(a), np.float32(np.inf), a).astype(np.float32)
+    """key(x): the bit pattern of |x| in float32 as an integer (int64), NaN
+    as +inf's (non-finite values go first). Compared as integers, so that
+    subnormals rank above zero in any float mode."""
+    bits = np.ascontiguousarray(x, np.float32).reshape(-1).view(np.uint32)
+    return np.minimum(bits & 0x7FFFFFFF, INF_KEY).astype(np.int64)
+
+
+def np_flush(value: float) -> np.float32:
+    """A non-negative float rounded to float32, 0 below 2^-126."""
+    return np.float32(0) if value < 2.0**-126 else np.float32(value)
+
+
+def np_key_of(value: np.float32) -> int:
+    """The key of a non-negative float32 (a threshold)."""
+    return int(np.array(value, np.float32).view(np.uint32))
 
 
 def np_slice_start(seed: int, max_start: int) -> int:
@@ -38,19 +53,23 @@ def np_select(x, k, mode, rounds=20, seed=0) -> np.ndarray:
     order = np.argsort(-keys, kind="stable")
     if mode == "trimmed":
         return np.sort(order[:k])
-    finite = np.isfinite(keys)
+    # Statistics over the finite keys, subnormal ones as 0.
+    finite = keys < INF_KEY
+    normal = finite & (keys >= MIN_NORMAL_KEY)
+    mags = np.where(normal, keys, 0).astype(np.uint32).view(np.float32)
     if finite.any():
-        mean = np.float32(np.sum(keys[finite], dtype=np.float64) / finite.sum())
-        mx = keys[finite].max()
+        mean = np_flush(np.sum(mags, dtype=np.float64) / finite.sum())
+        mx = mags.max()
     else:
         mean = mx = np.float32(0)
-    diff = np.float32(mx - mean)
+    diff = np_flush(float(mx) - float(mean))
     lo, hi = np.float32(0), np.float32(1)
     strict = mode == "threshold"
     hi_state = lo_state = None
     for _ in range(rounds):
         ratio = np.float32((lo + hi) * np.float32(0.5))
-        thr = np.float32(mean + np.float32(ratio * diff))
+        step = np_flush(float(ratio) * float(diff))  # exact product
+        thr = np_key_of(np.float32(mean + step))
         count = int(np.sum(keys > thr if strict else keys >= thr))
         if strict:
             if count <= k:

@@ -164,7 +164,7 @@ class Harness:
         i32, i64, vp = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
         self.lib.tfgc_top_k_sample.argtypes = [
             i32, vp, i64, i64, i32, i32, i64, vp, vp, i64,
-            ctypes.POINTER(i64), vp,
+            ctypes.POINTER(i64), vp, i32,
         ]  # fmt: skip
         self.lib.tfgc_malloc.argtypes = [ctypes.POINTER(vp), i64]
         self.lib.tfgc_free.argtypes = [vp]
@@ -192,6 +192,9 @@ class Harness:
             i32, i32, vp, i64, i64, i32, vp, vp, i64, i32,
             ctypes.POINTER(ctypes.c_float),
         ]  # fmt: skip
+        # Whether TopKSample can run with the host thread flushing
+        # denormals (FTZ and DAZ, as TensorFlow's threads do).
+        self.can_flush = bool(self.lib.tfgc_can_flush_denormals())
         self.emulated = hasattr(self.lib, "tfgc_emulation_configure")
         if self.emulated:
             self.lib.tfgc_emulation_configure.argtypes = [
@@ -247,8 +250,10 @@ class Harness:
         mode: str,
         seed: int = 0,
         zero: bool = False,
+        flush: bool = False,
     ):
-        """(values, indices, x with the selection zeroed or None)."""
+        """(values, indices, x with the selection zeroed or None); `flush`
+        runs it with the calling thread flushing denormals."""
         n = x.size
         cap = max(1, n)
         d_x = self.to_device(x)
@@ -258,7 +263,7 @@ class Harness:
         size = ctypes.c_int64(0)
         err = self.lib.tfgc_top_k_sample(
             DTYPES.index(dtype), d_x, n, k, MODES.index(mode), 20, seed,
-            d_v, d_i, cap, ctypes.byref(size), d_z,
+            d_v, d_i, cap, ctypes.byref(size), d_z, int(flush),
         )  # fmt: skip
         self.check(err, "top_k_sample")
         v = self.to_host(d_v, [size.value], x.dtype)
@@ -537,43 +542,86 @@ def check_golomb(h: Harness, sizes, setup, verbose) -> int:
     return failures
 
 
-def top_k_inputs(sizes, rng) -> Iterator[tuple[str, np.ndarray]]:
-    """(description, float32 values) with NaN, Inf, ties and special sets."""
+# Subnormals of float32 and bfloat16 (m 2^-149, m 2^-133) and of float16
+# (m 2^-24, normal in float32).
+SUBNORMAL_BITS = {
+    "float32": (-149, 23),
+    "bfloat16": (-133, 7),
+    "float16": (-24, 10),
+}
+
+
+def top_k_inputs(
+    sizes, rng
+) -> Iterator[tuple[str, np.ndarray, tuple[str, ...], list[int] | None]]:
+    """(description, float32 values, dtypes, k values or None for the
+    default ones) with NaN, Inf, ties, subnormals and special sets."""
     for n in sizes:
         x = rng.standard_normal(n).astype(np.float32)
         if n > 100:
             x[rng.integers(0, n, 3)] = np.nan
             x[rng.integers(0, n, 2)] = np.inf
             x[rng.integers(0, n, 2)] = -np.inf
-        yield f"gaussian {n=}", x
+        yield f"gaussian {n=}", x, DTYPES, None
     n = max([s for s in sizes if s < 5000] or sizes)
-    yield f"ties {n=}", np.round(rng.standard_normal(n) * 2).astype(np.float32)
-    yield f"equal {n=}", np.full(n, -1.5, np.float32)
-    yield f"zeros {n=}", np.zeros(n, np.float32)
-    yield f"nan {n=}", np.full(n, np.nan, np.float32)
+    ties = np.round(rng.standard_normal(n) * 2).astype(np.float32)
+    yield f"ties {n=}", ties, DTYPES, None
+    yield f"equal {n=}", np.full(n, -1.5, np.float32), DTYPES, None
+    yield f"zeros {n=}", np.zeros(n, np.float32), DTYPES, None
+    yield f"nan {n=}", np.full(n, np.nan, np.float32), DTYPES, None
     inf = np.where(rng.random(n) < 0.5, np.inf, np.nan).astype(np.float32)
-    yield f"inf and nan {n=}", inf
+    yield f"inf and nan {n=}", inf, DTYPES, None
     tiny = (rng.integers(-8, 8, n) * 2.0**-140).astype(np.float32)
-    yield f"subnormal {n=}", tiny
+    yield f"subnormal {n=}", tiny, DTYPES, None
+    # Issue 11: zeros and one subnormal, which must rank above them (the
+    # float comparisons of a flushing thread took it for zero).
+    for dtype in DTYPES:
+        exp, bits = SUBNORMAL_BITS[dtype]
+        tiny = np.float32(3 * 2.0**exp)
+        six = np.float32([1, tiny, 0, 0, 0, 0])
+        yield f"one subnormal [1, {tiny:.3g}, 0, 0, 0, 0]", six, (dtype,), [3]
+        x = np.zeros(1_000_000, np.float32)
+        x[123_456] = tiny
+        yield "zeros and one subnormal n=1000000", x, (dtype,), [2000]
+        # Zeros, subnormals of both signs (few distinct ones: ties),
+        # normals and values near the smallest normal.
+        kind = rng.integers(0, 6, n)
+        m = rng.integers(1, 2**bits if dtype == "float32" else 8, n)
+        near = 2.0 ** (exp + bits) * (1 + rng.integers(0, 16, n) / 16)
+        x = np.select(
+            [kind == 0, kind == 1, kind == 2, kind == 3, kind == 4],
+            [0.0, -0.0, m * 2.0**exp, -m * 2.0**exp, near],
+            rng.standard_normal(n),
+        ).astype(np.float32)
+        yield f"zeros, subnormals and normals {n=}", x, (dtype,), None
 
 
 def check_top_k_sample(h: Harness, sizes, setup, verbose) -> int:
+    """TopKSample against numpy. Every other pair of cases runs with the
+    host thread flushing denormals (FTZ and DAZ, as TensorFlow's threads
+    do; under the emulation the device code too, as with nvcc -ftz=true),
+    and the subnormal cases always do: keys compared as integers give the
+    same selection in either mode."""
     failures = 0
     rng = np.random.default_rng(0)
     case = 0
-    for name, x32 in top_k_inputs(sizes, rng):
+    for name, x32, dtypes, k_values in top_k_inputs(sizes, rng):
         n = x32.size
-        for dtype in DTYPES:
+        subnormal = "subnormal" in name
+        for dtype in dtypes:
             x = to_dtype(x32, dtype)
             keys_of = as_float32(x, dtype)
-            ks = {0, 1, max(1, n // 1000), n // 2, n}
+            ks = k_values or {0, 1, max(1, n // 1000), n // 2, n}
             for k in sorted(k for k in ks if k <= n):
                 for mode in MODES:
                     where = setup(case)
                     zero = case % 2 == 1
+                    flush = h.can_flush and (subnormal or case % 4 >= 2)
                     case += 1
                     seed = n + k
-                    v, i, z = h.top_k_sample(x, dtype, k, mode, seed, zero)
+                    v, i, z = h.top_k_sample(
+                        x, dtype, k, mode, seed, zero, flush
+                    )
                     want = np_select(keys_of, k, mode, seed=seed)
                     ok = np.array_equal(i, want) and same_bits(v, x[want])
                     if zero:
@@ -583,7 +631,8 @@ def check_top_k_sample(h: Harness, sizes, setup, verbose) -> int:
                     if verbose or not ok:
                         print(
                             f"{'ok' if ok else 'MISMATCH'} top_k_sample "
-                            f"{name} {k=} {mode} {dtype} {zero=}{where}",
+                            f"{name} {k=} {mode} {dtype} {zero=} "
+                            f"flush_denormals={flush}{where}",
                             flush=True,
                         )
                     failures += not ok

@@ -31,6 +31,19 @@ def _input(n, dtype, seed):
     x[rng.integers(0, n, size=max(1, n // 1000))] = np.round(x[0], 1)  # ties
     if n > 20:
         x[[3, 7, 11]] = [np.nan, np.inf, -np.inf]
+        # Subnormals of float32 and bfloat16, and of float16.
+        x[[5, 9, 13, 17]] = [3e-39, -1e-40, 1e-7, -3e-6]
+    return tf.cast(tf.constant(x), dtype)
+
+
+def _zeros_and_subnormals(n, dtype, seed):
+    """Zeros, with subnormals of dtype (both signs) at a few places: the
+    selections hinge on subnormals ranking above zero (issue 11)."""
+    rng = np.random.default_rng(seed)
+    tiny = 1e-7 if dtype == tf.float16 else 3e-39
+    x = np.zeros(n, np.float32)
+    x[rng.integers(0, n, size=max(1, n // 500))] = tiny
+    x[rng.integers(0, n, size=max(1, n // 700))] = -2 * tiny
     return tf.cast(tf.constant(x), dtype)
 
 
@@ -47,13 +60,15 @@ def _results():
     for n in SIZES:
         for dtype in DTYPES:
             x = _input(n, dtype, seed=n)
+            tiny = _zeros_and_subnormals(n, dtype, seed=n)
             residual = _input(n, dtype, seed=n + 1) * tf.cast(0.5, dtype)
             for k in sorted({1, max(1, n // 1000), n // 3 or 1}):
                 for mode in MODES:
-                    v, i = tfgc.ops.top_k_sample(x, k, mode=mode, seed=5)
-                    key = f"{mode}_{dtype.name}_{n}_{k}"
-                    out[key + "_values"] = _bits(v)
-                    out[key + "_indices"] = i.numpy()
+                    for name, data in (("", x), ("subnormal_", tiny)):
+                        v, i = tfgc.ops.top_k_sample(data, k, mode=mode, seed=5)
+                        key = f"{name}{mode}_{dtype.name}_{n}_{k}"
+                        out[key + "_values"] = _bits(v)
+                        out[key + "_indices"] = i.numpy()
                 v, i, r = tfgc.ops.top_k_sample(x, k, seed=5, residual=residual)
                 key = f"residual_{dtype.name}_{n}_{k}"
                 out[key + "_values"] = _bits(v)

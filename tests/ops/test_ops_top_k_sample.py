@@ -9,12 +9,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tfgc.ops
-from custom_ops.cuda_harness.numpy_oracle import np_select
+from custom_ops.cuda_harness.numpy_oracle import np_keys, np_select
 
 tks = importlib.import_module("tfgc.ops.top_k_sample")
 MODES = tks.MODES
 DTYPES = [tf.float32, tf.float16, tf.bfloat16]
 SIZES = [1, 2, 31, 32, 33, 127, 1023, 1024, 1025, 4095, 4097, 65537]
+
+
+def property_settings(max_examples):
+    """Hypothesis settings of the property tests (which take the function-
+    scoped `backend` fixture: it only selects the build)."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )
 
 
 def check_selection(x, values, indices, k, mode):
@@ -163,6 +173,159 @@ def test_top_k_abs_selects_non_finite_first(backend, dtype):
         np.testing.assert_array_equal(tf.cast(r, tf.float32).numpy(), expect)
 
 
+# Subnormals (docs/algorithms.md, "Selection and position-coding ops"):
+# keys are compared as integers, so a subnormal ranks above zero, in value
+# order, although TensorFlow's threads flush denormals in float arithmetic
+# and comparisons. float16's subnormals are normal in float32.
+SUBNORMAL = {tf.float32: 3e-39, tf.bfloat16: 3e-39, tf.float16: 1e-7}
+# The smallest subnormal exponent of each dtype: m * 2^e, m in [1, 2^p).
+SUBNORMAL_BITS = {
+    tf.float32: (-149, 23),
+    tf.bfloat16: (-133, 7),
+    tf.float16: (-24, 10),
+}
+
+
+def as_float32(x):
+    return tf.cast(x, tf.float32).numpy()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_one_subnormal_among_zeros(backend, mode, dtype):
+    """Issue 11: a 1M gradient of zeros and one subnormal, k = 2000, raised
+    "selected 1999 elements but planned 2000" in the compiled trimmed and
+    threshold modes (the radix ranked the subnormal above zero, the float
+    comparisons, flushed, did not)."""
+    del backend
+    x = np.zeros(1_000_000, np.float32)
+    x[123_456] = SUBNORMAL[dtype]
+    xt = tf.constant(x, dtype)
+    v, i = tfgc.ops.top_k_sample(xt, 2000, mode=mode, seed=3)
+    check_selection(xt, v, i, 2000, mode)
+    np.testing.assert_array_equal(
+        i.numpy(), np_select(as_float32(xt), 2000, mode, seed=3)
+    )
+    if mode != "mstopk":
+        want = np.append(np.arange(1999), 123_456)
+        np.testing.assert_array_equal(i.numpy(), want)
+        assert as_float32(v)[-1] == as_float32(xt)[123_456] != 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_subnormal_ranks_above_zero(backend, mode, dtype):
+    """[1, 1e-40, 0, 0, 0, 0] with k = 3 raised in the compiled trimmed and
+    threshold modes; subnormals of either sign rank above zero and by
+    value, in both builds."""
+    del backend
+    tiny = 1e-7 if dtype == tf.float16 else 1e-40
+    cases = [
+        ([1.0, tiny, 0, 0, 0, 0], 3, [0, 1, 2]),
+        ([0, 0, -tiny, 2 * tiny, 0, 0, 0, 0, 0], 2, [2, 3]),
+        ([tiny, 3 * tiny, 0, -2 * tiny, 0.0, -0.0], 2, [1, 3]),
+        ([0.0] * 9 + [-tiny] + [0.0] * 7, 1, [9]),
+    ]
+    for x, k, exact in cases:
+        xt = tf.constant(np.float32(x), dtype)
+        v, i = tfgc.ops.top_k_sample(xt, k, mode=mode, seed=k)
+        check_selection(xt, v, i, k, mode)
+        want = np_select(as_float32(xt), k, mode, seed=k)
+        np.testing.assert_array_equal(i.numpy(), want, err_msg=str(x))
+        if mode == "trimmed":
+            np.testing.assert_array_equal(i.numpy(), exact, err_msg=str(x))
+        with_r = tfgc.ops.top_k_sample(
+            xt, k, mode=mode, seed=k, residual=tf.zeros_like(xt)
+        )
+        acc = xt + tf.zeros_like(xt)  # TensorFlow's add (flushes on CPU)
+        plain = tfgc.ops.top_k_sample(acc, k, mode=mode, seed=k)
+        np.testing.assert_array_equal(with_r[1].numpy(), plain[1].numpy())
+
+
+def mixed_subnormals(kinds, dtype, seed):
+    """float32 values exact in `dtype`: kinds 0 +0, 1 -0, 2 and 3 a
+    subnormal of dtype (positive, negative), 4 a normal, 5 a value near
+    the smallest normal (of float32 for float32 and bfloat16)."""
+    rng = np.random.default_rng(seed)
+    kinds = np.asarray(kinds)
+    exp, bits = SUBNORMAL_BITS[dtype]
+    top = 8 if seed % 2 else 2**bits  # few distinct mantissas: ties
+    m = rng.integers(1, top, kinds.size).astype(np.float64)
+    x = np.zeros(kinds.size)
+    x[kinds == 1] = -0.0
+    x[kinds >= 2] = (m * 2.0**exp)[kinds >= 2]
+    x[kinds == 3] *= -1
+    normal = rng.standard_normal(kinds.size) * 2.0 ** rng.integers(-4, 4)
+    x[kinds == 4] = normal[kinds == 4]
+    near = 2.0 ** (exp + bits) * (1 + m % 16 / 16) * np.sign(normal)
+    x[kinds == 5] = near[kinds == 5]
+    return as_float32(tf.constant(x.astype(np.float32), dtype))
+
+
+def check_contract(keys, idx, k, mode):
+    """Trimmed: the exact top-k by key, lower index first among equal keys;
+    threshold: at least k elements, every selected key at least every
+    unselected one."""
+    chosen = np.zeros(keys.size, bool)
+    chosen[idx] = True
+    if mode == "trimmed":
+        order = np.lexsort((np.arange(keys.size), -keys))
+        np.testing.assert_array_equal(idx, np.sort(order[:k]))
+    elif mode == "threshold" and 0 < k:
+        assert idx.size >= k
+        if not chosen.all():
+            assert keys[chosen].min() >= keys[~chosen].max()
+
+
+@property_settings(max_examples=60)
+@given(
+    kinds=st.lists(st.integers(0, 5), min_size=1, max_size=300),
+    frac=st.floats(0.0, 1.0),
+    mode=st.sampled_from(MODES),
+    dtype=st.sampled_from(DTYPES),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_property_zeros_subnormals_normals(
+    backend, kinds, frac, mode, dtype, seed
+):
+    """Zeros, subnormals of both signs and normals: both builds select
+    what numpy selects (all-subnormal inputs included: the statistics
+    count subnormals as 0, so they do not depend on flush-to-zero), and
+    the fused residual variant what the plain op selects from x + r."""
+    del backend
+    x = mixed_subnormals(kinds, dtype, seed)
+    k = int(round(frac * x.size))
+    xt = tf.constant(x, dtype)
+    v, i = tfgc.ops.top_k_sample(xt, k, mode=mode, seed=seed)
+    check_selection(xt, v, i, k, mode)
+    np.testing.assert_array_equal(i.numpy(), np_select(x, k, mode, seed=seed))
+    check_contract(np_keys(x), i.numpy(), k, mode)
+    r = tf.constant(mixed_subnormals(kinds[::-1], dtype, seed + 1), dtype)
+    fused = tfgc.ops.top_k_sample(xt, k, mode=mode, seed=seed, residual=r)
+    acc = xt + r  # TensorFlow's add, as both builds take it
+    v, i = tfgc.ops.top_k_sample(acc, k, mode=mode, seed=seed)
+    np.testing.assert_array_equal(fused[1].numpy(), i.numpy())
+    np.testing.assert_array_equal(as_float32(fused[0]), as_float32(v))
+    np.testing.assert_array_equal(
+        fused[1].numpy(), np_select(as_float32(acc), k, mode, seed=seed)
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [tf.float64], ids=lambda d: d.name)
+def test_top_k_abs_ranks_subnormals_above_zero(backend, dtype):
+    """`top_k_abs` (compiled trimmed top-k, or `tf.math.top_k` on integer
+    keys, float64 included) ranks subnormals above zero and by value."""
+    del backend
+    tiny = {tf.float64: 1e-310, tf.float16: 1e-7}.get(dtype, 1e-40)
+    x = np.zeros(300)
+    x[[7, 50, 120, 260]] = [tiny, -3 * tiny, 2 * tiny, -tiny]
+    xt = tf.constant(x, dtype)
+    for k, want in [(1, [50]), (3, [7, 50, 120]), (5, [0, 7, 50, 120, 260])]:
+        v, i = tfgc.ops.top_k_abs(xt, k)
+        np.testing.assert_array_equal(np.sort(i.numpy()), want)
+        np.testing.assert_array_equal(v.numpy(), tf.gather(xt, i).numpy())
+
+
 @pytest.mark.parametrize(
     "dist", ["gaussian", "laplace"], ids=["gaussian", "laplace"]
 )
@@ -295,11 +458,7 @@ def test_output_shape_is_static_with_custom_op(custom_lib):
     f(gaussian(100))
 
 
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@property_settings(max_examples=40)
 @given(
     shape=st.lists(st.integers(0, 40), min_size=1, max_size=3),
     frac=st.floats(0.0, 1.0),

@@ -6,12 +6,17 @@ return the same indices for the same inputs and seed.
 
 Shared definitions (docs/algorithms.md, "Selection and position-coding ops"):
 
-* key(x) = |x| in float32; NaN has key +inf, as +-Inf: non-finite values
-  count as the largest magnitude and are selected first.
-* mean = sum of finite keys (float64) / their count, rounded to float32; max =
-  largest finite key; both 0 when no key is finite; diff = max - mean.
-* thr(ratio) = mean + ratio * diff in float32, ratio bisected in [0, 1]
-  starting from 0.5 for `rounds` rounds.
+* key(x) = |x| in float32, compared as its bit pattern (an integer); NaN
+  has the key of +inf, as +-Inf: non-finite values count as the largest
+  magnitude and are selected first. Comparing integers, a subnormal ranks
+  above zero and by value although TensorFlow's threads flush denormals
+  (FTZ/DAZ), under which float comparisons would take it for zero.
+* The statistics count subnormal keys as 0 and flush float32 results below
+  2^-126 to 0, so no float mode changes them: mean = sum of finite keys
+  (float64) / their count, rounded to float32; max = largest finite key;
+  both 0 when no key is finite; diff = max - mean.
+* thr(ratio) = mean + flush(ratio * diff) in float32, ratio bisected in
+  [0, 1] starting from 0.5 for `rounds` rounds; compared through its key.
 
 Modes:
 
@@ -45,6 +50,9 @@ from tfgc.ops import _library
 MODES = ("mstopk", "threshold", "trimmed")
 _FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 _TRIMMED_RATIOS = (0.8, 0.6, 0.4, 0.2, 0.0)
+_MIN_NORMAL = 2.0**-126  # float32's smallest normal
+_MIN_NORMAL_KEY = 0x00800000  # its key; subnormal keys are below
+_INF_KEY = 0x7F800000  # the key of +inf and of NaN; finite keys are below
 _SPLITMIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
@@ -146,13 +154,34 @@ def _positions(mask: tf.Tensor, k: int) -> tf.Tensor:
 
 
 def _keys(x: tf.Tensor) -> tf.Tensor:
-    return _magnitude(tf.cast(tf.reshape(x, [-1]), tf.float32))
+    """key(x) of the flattened x: int32, in float32 for every dtype."""
+    return _magnitude_keys(tf.cast(tf.reshape(x, [-1]), tf.float32))
 
 
-def _magnitude(x: tf.Tensor) -> tf.Tensor:
-    """|x|, with NaN as +inf (the largest magnitude, as +-inf)."""
-    a = tf.abs(x)
-    return tf.where(tf.math.is_nan(a), tf.constant(np.inf, a.dtype), a)
+def _magnitude_keys(x: tf.Tensor) -> tf.Tensor:
+    """Integers in the order of |x|: its bit pattern without the sign, NaN
+    as +inf (the largest magnitude, as +-inf). int32 for float32, int64
+    for float64; no float comparison, so subnormals rank above zero."""
+    if x.dtype == tf.float64:
+        ints, magnitude, inf = tf.int64, 0x7FFFFFFFFFFFFFFF, 0x7FF0000000000000
+    else:
+        x = tf.cast(x, tf.float32)  # exact for float16 and bfloat16
+        ints, magnitude, inf = tf.int32, 0x7FFFFFFF, _INF_KEY
+    bits = tf.bitwise.bitwise_and(
+        tf.bitcast(x, ints), tf.constant(magnitude, ints)
+    )
+    return tf.minimum(bits, tf.constant(inf, ints))
+
+
+def _key_of(value: tf.Tensor) -> tf.Tensor:
+    """The key of a non-negative float32 scalar (a threshold)."""
+    return tf.bitcast(value, tf.int32)
+
+
+def _flush(value: tf.Tensor) -> tf.Tensor:
+    """A non-negative float64 rounded to float32, 0 below 2^-126."""
+    rounded = tf.cast(value, tf.float32)
+    return tf.where(value < _MIN_NORMAL, tf.constant(0.0), rounded)
 
 
 def slice_start_reference(seed: tf.Tensor, max_start: tf.Tensor) -> tf.Tensor:
@@ -174,18 +203,17 @@ def slice_start_reference(seed: tf.Tensor, max_start: tf.Tensor) -> tf.Tensor:
 
 
 def _stats(keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-    finite = tf.math.is_finite(keys)
+    """mean and diff over the finite keys, subnormal ones as 0."""
+    finite = keys < _INF_KEY
     count = tf.reduce_sum(tf.cast(finite, tf.int64))
-    total = tf.reduce_sum(tf.where(finite, tf.cast(keys, tf.float64), 0.0))
-    mean = tf.cast(
-        total / tf.cast(tf.maximum(count, 1), tf.float64), tf.float32
-    )
-    mx = tf.reduce_max(
-        tf.concat([tf.where(finite, keys, 0.0), tf.zeros([1])], 0)
-    )
+    normal = finite & (keys >= _MIN_NORMAL_KEY)
+    magnitudes = tf.bitcast(tf.where(normal, keys, 0), tf.float32)
+    total = tf.reduce_sum(tf.cast(magnitudes, tf.float64))
+    mean = _flush(total / tf.cast(tf.maximum(count, 1), tf.float64))
+    mx = tf.reduce_max(tf.concat([magnitudes, tf.zeros([1])], 0))
     mean = tf.where(count > 0, mean, 0.0)
     mx = tf.where(count > 0, mx, 0.0)
-    return mean, mx - mean
+    return mean, _flush(tf.cast(mx, tf.float64) - tf.cast(mean, tf.float64))
 
 
 def _count(keys: tf.Tensor, thr: tf.Tensor, strict: bool) -> tf.Tensor:
@@ -194,16 +222,18 @@ def _count(keys: tf.Tensor, thr: tf.Tensor, strict: bool) -> tf.Tensor:
 
 
 def _bisect(keys, k, mean, diff, rounds: int, strict: bool):
-    """The bisection of the module docstring; returns its final state."""
+    """The bisection of the module docstring; returns its final state, the
+    thresholds as keys."""
     f32, i64 = tf.float32, tf.int64
     lo, hi = tf.constant(0.0, f32), tf.constant(1.0, f32)
     has_hi, has_lo, accepted = (tf.constant(False),) * 3
-    hi_thr, lo_thr = tf.constant(0.0, f32), tf.constant(0.0, f32)
+    hi_thr, lo_thr = tf.constant(0), tf.constant(0)
     hi_count, lo_count = tf.constant(0, i64), tf.constant(0, i64)
+    diff64 = tf.cast(diff, tf.float64)
     for _ in range(rounds):
         ratio = (lo + hi) * 0.5
-        step = ratio * diff
-        thr = mean + step
+        step = _flush(tf.cast(ratio, tf.float64) * diff64)  # exact product
+        thr = _key_of(mean + step)
         count = _count(keys, thr, strict)
         small = count <= k
         if strict:  # RedSync threshold search
@@ -375,5 +405,5 @@ def top_k_abs(
     flat = tf.reshape(x, [-1])
     if compiled:
         return top_k_sample(flat, k, mode="trimmed")
-    _, indices = tf.math.top_k(_magnitude(flat), k=k, sorted=False)
+    _, indices = tf.math.top_k(_magnitude_keys(flat), k=k, sorted=False)
     return tf.gather(flat, indices), indices

@@ -54,17 +54,20 @@
 namespace tfgc {
 namespace {
 
-constexpr float kMaxFloat = std::numeric_limits<float>::max();
-constexpr float kInf = std::numeric_limits<float>::infinity();
-
+// The key of the header of an element of type T (float16 and bfloat16
+// convert to float32 exactly).
 template <typename T>
-inline float Magnitude(T x) {
-  return std::fabs(static_cast<float>(x));
+inline uint32_t ElementKey(T x) {
+  return KeyOf(static_cast<float>(x));
 }
 
-// The key of the header: NaN maps to +inf, like +-inf.
-inline float KeyOf(float magnitude) {
-  return std::isnan(magnitude) ? kInf : magnitude;
+// A finite key as the float32 magnitude that the statistics add: 0 when it
+// is subnormal.
+inline float StatsMagnitude(uint32_t key) {
+  const uint32_t bits = key < kMinNormalKey ? 0 : key;
+  float a;
+  std::memcpy(&a, &bits, sizeof(a));
+  return a;
 }
 
 struct Stats {
@@ -79,6 +82,16 @@ struct BlockStats {
   int64_t finite = 0;
 };
 
+// Adds element key `key` to the lane's sum and to the max and count.
+inline void AccumulateKey(uint32_t key, double* sum, float* mx,
+                          int64_t* finite) {
+  const bool ok = key < kInfKey;
+  const float a = ok ? StatsMagnitude(key) : 0.0f;  // 0 or normal
+  *sum += a;
+  *mx = a > *mx ? a : *mx;
+  *finite += ok;
+}
+
 template <typename T>
 inline void AccumulateScalar(const T* x, int64_t begin, int64_t end,
                              BlockStats* out) {
@@ -88,51 +101,56 @@ inline void AccumulateScalar(const T* x, int64_t begin, int64_t end,
   int64_t i = begin;
   for (; i + 4 <= end; i += 4) {
     for (int l = 0; l < 4; ++l) {
-      const float a = Magnitude(x[i + l]);
-      const bool ok = a <= kMaxFloat;
-      sum[l] += ok ? a : 0.0f;
-      mx = ok && a > mx ? a : mx;
-      finite += ok;
+      AccumulateKey(ElementKey(x[i + l]), &sum[l], &mx, &finite);
     }
   }
-  for (; i < end; ++i) {
-    const float a = Magnitude(x[i]);
-    const bool ok = a <= kMaxFloat;
-    sum[0] += ok ? a : 0.0f;
-    mx = ok && a > mx ? a : mx;
-    finite += ok;
-  }
+  for (; i < end; ++i) AccumulateKey(ElementKey(x[i]), &sum[0], &mx, &finite);
   out->sum = (sum[0] + sum[1]) + (sum[2] + sum[3]);
   out->max = mx;
   out->finite = finite;
 }
 
 #if TFGC_HAVE_AVX2_PATH
+// The keys of x[0..8) (min_epi32: NaN patterns are above +inf's).
+template <typename T>
+TFGC_AVX2 inline __m256i LoadKey8(const T* p) {
+  const __m256i bits = _mm256_castps_si256(LoadMagnitude8(p));
+  return _mm256_min_epi32(bits, _mm256_set1_epi32(kInfKey));
+}
+
+// Lanes of `key` that are finite (all ones) and, in `*use`, the finite
+// keys as the statistics add them: subnormal ones as 0.
+TFGC_AVX2 inline __m256i FiniteKeys8(__m256i key, __m256* use) {
+  const __m256i finite =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(kInfKey), key);
+  const __m256i normal =
+      _mm256_cmpgt_epi32(key, _mm256_set1_epi32(kMinNormalKey - 1));
+  *use = _mm256_castsi256_ps(
+      _mm256_and_si256(key, _mm256_and_si256(finite, normal)));
+  return finite;
+}
+
 // Statistics sixteen keys at a time: finite keys masked in, widened to
 // double in four accumulators (fixed lane order: deterministic).
 template <typename T>
 TFGC_AVX2 void AccumulateAvx2(const T* x, int64_t begin, int64_t end,
                               BlockStats* out) {
-  const __m256 big = _mm256_set1_ps(kMaxFloat);
   __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
   __m256d s2 = _mm256_setzero_pd(), s3 = _mm256_setzero_pd();
   __m256 mx = _mm256_setzero_ps();
   __m256i cnt = _mm256_setzero_si256();
   int64_t i = begin;
   for (; i + 16 <= end; i += 16) {
-    const __m256 a = LoadMagnitude8(x + i);
-    const __m256 b = LoadMagnitude8(x + i + 8);
-    const __m256 fa = _mm256_cmp_ps(a, big, _CMP_LE_OQ);  // NaN, inf: false
-    const __m256 fb = _mm256_cmp_ps(b, big, _CMP_LE_OQ);
-    const __m256 ma = _mm256_and_ps(a, fa);
-    const __m256 mb = _mm256_and_ps(b, fb);
+    __m256 ma, mb;  // 0 or normal: no float mode changes sums or maxima
+    const __m256i fa = FiniteKeys8(LoadKey8(x + i), &ma);
+    const __m256i fb = FiniteKeys8(LoadKey8(x + i + 8), &mb);
     s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(ma)));
     s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(ma, 1)));
     s2 = _mm256_add_pd(s2, _mm256_cvtps_pd(_mm256_castps256_ps128(mb)));
     s3 = _mm256_add_pd(s3, _mm256_cvtps_pd(_mm256_extractf128_ps(mb, 1)));
     mx = _mm256_max_ps(mx, _mm256_max_ps(ma, mb));
-    cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(fa));
-    cnt = _mm256_sub_epi32(cnt, _mm256_castps_si256(fb));
+    cnt = _mm256_sub_epi32(cnt, fa);
+    cnt = _mm256_sub_epi32(cnt, fb);
   }
   alignas(32) double d[16];
   _mm256_store_pd(d, s0);
@@ -172,11 +190,9 @@ Stats Combine(const std::vector<BlockStats>& parts) {
     finite += p.finite;
   }
   Stats s;
-  if (finite > 0) {
-    s.mean = static_cast<float>(sum / static_cast<double>(finite));
-    s.max = mx;
-  }
-  s.diff = s.max - s.mean;
+  s.mean = Mean(sum, finite);
+  s.max = finite > 0 ? mx : 0.0f;
+  s.diff = Diff(s.max, s.mean);
   return s;
 }
 
@@ -217,10 +233,17 @@ Stats AddAndComputeStats(OpKernelContext* ctx, const T* g, const T* r, T* acc,
 }
 
 // Number of coarse thresholds counted in the second pass (unused slots are
-// NaN, which no key passes: keys are never NaN).
+// kNoKey, which no key passes).
 constexpr int kCoarse = 6;
 
-inline float CandidateKey(float value) { return KeyOf(std::fabs(value)); }
+// The keys of the coarse thresholds.
+using CoarseKeys = std::array<uint32_t, kCoarse>;
+
+// Whether `key` passes threshold key `t`: key >= t, or key > t when kStrict.
+template <bool kStrict>
+inline bool Passes(uint32_t key, uint32_t t) {
+  return kStrict ? key > t : key >= t;
+}
 
 // Growable, uninitialised (value, index) storage for one block's candidates.
 struct CandidateBuffer {
@@ -253,8 +276,6 @@ struct Candidates {
   std::vector<uint32_t> radix;         // ExactTopK's keys
 };
 
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
 // Appends element i (value v) to the candidates.
 inline void Append(float v, int64_t i, CandidateBuffer* part) {
   part->value[part->size] = v;
@@ -263,16 +284,17 @@ inline void Append(float v, int64_t i, CandidateBuffer* part) {
 }
 
 // Adds to c[j] the number of keys of x[begin, end) passing th[j] and appends
-// the elements passing `thr` (none when thr is NaN) to `part`, in index
+// the elements passing `thr` (none when thr is kNoKey) to `part`, in index
 // order. The caller reserved room for every element of the range.
 template <typename T, bool kStrict>
-void CountRangeScalar(const T* x, int64_t begin, int64_t end, const float* th,
-                      float thr, int64_t* c, CandidateBuffer* part) {
+void CountRangeScalar(const T* x, int64_t begin, int64_t end,
+                      const uint32_t* th, uint32_t thr, int64_t* c,
+                      CandidateBuffer* part) {
   for (int64_t i = begin; i < end; ++i) {
     const float v = static_cast<float>(x[i]);
-    const float a = CandidateKey(v);
-    for (int j = 0; j < kCoarse; ++j) c[j] += kStrict ? a > th[j] : a >= th[j];
-    if (kStrict ? a > thr : a >= thr) Append(v, i, part);
+    const uint32_t a = KeyOf(v);
+    for (int j = 0; j < kCoarse; ++j) c[j] += Passes<kStrict>(a, th[j]);
+    if (Passes<kStrict>(a, thr)) Append(v, i, part);
   }
 }
 
@@ -282,17 +304,18 @@ void CountRangeScalar(const T* x, int64_t begin, int64_t end, const float* th,
 // size grows by their number, so `part` needs 8 slots of slack.
 template <typename T, bool kStrict>
 TFGC_AVX2 void CountRangeAvx2(const T* x, int64_t begin, int64_t end,
-                              const float* th, float thr, int64_t* c,
+                              const uint32_t* th, uint32_t thr, int64_t* c,
                               CandidateBuffer* part) {
-  constexpr int kCmp = kStrict ? _CMP_GT_OQ : _CMP_GE_OQ;  // NaN thr: false
-  __m256 t[kCoarse];
+  // Keys are at most 0x7f800000, so signed compares order them, and
+  // key >= t is key > t - 1 (t - 1 = -1 passes every key; kNoKey - 1 none).
+  const uint32_t below = kStrict ? 0 : 1;
+  __m256i t[kCoarse];
   __m256i acc[kCoarse];
   for (int j = 0; j < kCoarse; ++j) {
-    t[j] = _mm256_set1_ps(th[j]);
+    t[j] = _mm256_set1_epi32(static_cast<int32_t>(th[j] - below));
     acc[j] = _mm256_setzero_si256();
   }
-  const __m256 tl = _mm256_set1_ps(thr);
-  const __m256 inf = _mm256_set1_ps(kInf);
+  const __m256i tl = _mm256_set1_epi32(static_cast<int32_t>(thr - below));
   const LeftPackTable& pack = LeftPack();
   float* out_value = part->value.get();
   int32_t* out_index = part->index.get();
@@ -300,13 +323,13 @@ TFGC_AVX2 void CountRangeAvx2(const T* x, int64_t begin, int64_t end,
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) {
     const __m256 raw = LoadFloat8(x + i);
-    // The keys: min_ps returns its second operand when the first is NaN.
-    const __m256 v = _mm256_min_ps(Abs8(raw), inf);
+    const __m256i v = _mm256_min_epi32(
+        _mm256_castps_si256(Abs8(raw)), _mm256_set1_epi32(kInfKey));
     for (int j = 0; j < kCoarse; ++j) {
-      const __m256 m = _mm256_cmp_ps(v, t[j], kCmp);
-      acc[j] = _mm256_sub_epi32(acc[j], _mm256_castps_si256(m));
+      acc[j] = _mm256_sub_epi32(acc[j], _mm256_cmpgt_epi32(v, t[j]));
     }
-    const int bits = _mm256_movemask_ps(_mm256_cmp_ps(v, tl, kCmp));
+    const int bits = _mm256_movemask_ps(
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(v, tl)));
     const __m256i lanes = _mm256_load_si256(
         reinterpret_cast<const __m256i*>(pack.lanes[bits]));
     _mm256_storeu_ps(out_value + size, _mm256_permutevar8x32_ps(raw, lanes));
@@ -322,8 +345,8 @@ TFGC_AVX2 void CountRangeAvx2(const T* x, int64_t begin, int64_t end,
 #endif  // TFGC_HAVE_AVX2_PATH
 
 template <typename T, bool kStrict>
-void CountRange(const T* x, int64_t begin, int64_t end, const float* th,
-                float thr, int64_t* c, CandidateBuffer* part) {
+void CountRange(const T* x, int64_t begin, int64_t end, const uint32_t* th,
+                uint32_t thr, int64_t* c, CandidateBuffer* part) {
 #if TFGC_HAVE_AVX2_PATH
   if (UseAvx2()) {
     return CountRangeAvx2<T, kStrict>(x, begin, end, th, thr, c, part);
@@ -351,16 +374,16 @@ inline int64_t RunBegin(int64_t n, int64_t r) {
 // for no prediction and sets `*fraction` to the sampled fraction of keys
 // passing the predicted level.
 template <typename T, bool kStrict>
-int PredictLevel(const T* x, int64_t n, int64_t k,
-                 const std::array<float, kCoarse>& t, int levels,
-                 double* fraction) {
+int PredictLevel(const T* x, int64_t n, int64_t k, const CoarseKeys& t,
+                 int levels, double* fraction) {
   if (n < kMinSampled) return -1;
   int64_t c[kCoarse] = {0};
-  CandidateBuffer none;  // nothing passes NaN; the AVX2 path needs slack
+  CandidateBuffer none;  // nothing passes kNoKey; the AVX2 path needs slack
   none.Reserve(8);
   for (int64_t r = 0; r < kRuns; ++r) {
     const int64_t begin = RunBegin(n, r);
-    CountRange<T, kStrict>(x, begin, begin + kRun, t.data(), kNaN, c, &none);
+    CountRange<T, kStrict>(x, begin, begin + kRun, t.data(), kNoKey, c,
+                           &none);
   }
   const int64_t samples = kRuns * kRun;
   for (int j = 0; j < levels; ++j) {
@@ -375,20 +398,20 @@ int PredictLevel(const T* x, int64_t n, int64_t k,
 }
 
 // One pass: per-block counts of the keys passing each coarse threshold
-// (key >= t, or key > t when kStrict; unused slots are NaN, which no key
+// (key >= t, or key > t when kStrict; unused slots are kNoKey, which no key
 // passes) and, when level >= 0, the
 // elements passing t[level] in index order into `cand`.
 template <typename T, bool kStrict>
 std::vector<std::array<int64_t, kCoarse>> CountAndCompact(
-    OpKernelContext* ctx, const T* x, const std::array<float, kCoarse>& t,
-    int level, double fraction, const Blocks& blocks, Candidates* cand) {
+    OpKernelContext* ctx, const T* x, const CoarseKeys& t, int level,
+    double fraction, const Blocks& blocks, Candidates* cand) {
   std::vector<std::array<int64_t, kCoarse>> counts(blocks.count());
   std::vector<CandidateBuffer>& parts = cand->parts;
   if (static_cast<int64_t>(parts.size()) < blocks.count()) {
     parts.resize(blocks.count());
   }
   for (CandidateBuffer& part : parts) part.size = 0;
-  const float append_thr = level >= 0 ? t[level] : kNaN;
+  const uint32_t append_thr = level >= 0 ? t[level] : kNoKey;
   ForEachBlock(ctx, blocks, [&](int64_t b) {
     int64_t c[kCoarse] = {0};
     CandidateBuffer& part = parts[b];
@@ -436,8 +459,8 @@ int64_t TotalCount(const std::vector<std::array<int64_t, kCoarse>>& counts,
 template <typename T, bool kStrict>
 void Compact(OpKernelContext* ctx, const T* x,
              const std::vector<std::array<int64_t, kCoarse>>& counts,
-             const std::array<float, kCoarse>& t, int level,
-             const Blocks& blocks, Candidates* out) {
+             const CoarseKeys& t, int level, const Blocks& blocks,
+             Candidates* out) {
   std::vector<int64_t> offsets(blocks.count() + 1, 0);
   for (int64_t b = 0; b < blocks.count(); ++b) {
     const int64_t c =
@@ -446,7 +469,7 @@ void Compact(OpKernelContext* ctx, const T* x,
   }
   out->value.resize(offsets.back());
   out->index.resize(offsets.back());
-  const float thr = level >= 0 ? t[level] : 0.0f;
+  const uint32_t thr = level >= 0 ? t[level] : 0;
   ForEachBlock(ctx, blocks, [&](int64_t b) {
     int64_t o = offsets[b];
     const int64_t end = blocks.end(b);
@@ -461,8 +484,7 @@ void Compact(OpKernelContext* ctx, const T* x,
     }
     for (int64_t i = blocks.begin(b); i < end; ++i) {
       const float v = static_cast<float>(x[i]);
-      const float a = CandidateKey(v);
-      if (kStrict ? a > thr : a >= thr) {
+      if (Passes<kStrict>(KeyOf(v), thr)) {
         value[o] = v;
         index[o] = static_cast<int32_t>(i);
         ++o;
@@ -474,7 +496,7 @@ void Compact(OpKernelContext* ctx, const T* x,
 // Number of candidate keys >= thr (> thr when kStrict).
 template <bool kStrict>
 int64_t CountPassing(OpKernelContext* ctx, const std::vector<float>& value,
-                     float thr) {
+                     uint32_t thr) {
   const int64_t n = static_cast<int64_t>(value.size());
   // Below 256 Ki keys one thread beats waking the pool every round.
   Blocks blocks(n, NumThreads(ctx), int64_t{1} << 18);
@@ -484,8 +506,7 @@ int64_t CountPassing(OpKernelContext* ctx, const std::vector<float>& value,
     const float* v = value.data();
     const int64_t end = blocks.end(b);
     for (int64_t i = blocks.begin(b); i < end; ++i) {
-      const float a = CandidateKey(v[i]);
-      c += kStrict ? (a > thr) : (a >= thr);
+      c += Passes<kStrict>(KeyOf(v[i]), thr);
     }
     part[b] = c;
   });
@@ -496,28 +517,19 @@ int64_t CountPassing(OpKernelContext* ctx, const std::vector<float>& value,
 
 // Keeps, in order, the candidates whose key is >= thr (> thr when kStrict).
 template <bool kStrict>
-void Prune(float thr, Candidates* cand) {
+void Prune(uint32_t thr, Candidates* cand) {
   const int64_t n = static_cast<int64_t>(cand->value.size());
   float* v = cand->value.data();
   int32_t* idx = cand->index.data();
   int64_t out = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const float a = CandidateKey(v[i]);
+    const uint32_t a = KeyOf(v[i]);
     v[out] = v[i];
     idx[out] = idx[i];
-    out += kStrict ? (a > thr) : (a >= thr);
+    out += Passes<kStrict>(a, thr);
   }
   cand->value.resize(out);
   cand->index.resize(out);
-}
-
-// An unsigned integer with the order of the keys: keys are non-negative
-// floats (at most +inf), whose bit patterns are in their order.
-inline uint32_t RadixKey(float value) {
-  const float key = CandidateKey(value);
-  uint32_t bits;
-  std::memcpy(&bits, &key, sizeof(bits));
-  return bits;  // at most 0x7f800000 (+inf)
 }
 
 // Exact top-k of the candidates (which hold every key >= the k-th largest):
@@ -527,7 +539,7 @@ SelectionPlan ExactTopK(Candidates* cand, int64_t k) {
   std::vector<uint32_t>& keys = cand->radix;
   keys.resize(cand->value.size());
   std::transform(cand->value.begin(), cand->value.end(), keys.begin(),
-                 RadixKey);
+                 [](float v) { return KeyOf(v); });  // at most kInfKey
   uint32_t prefix = 0;
   int64_t need = k;  // rank of the k-th largest among the remaining keys
   constexpr int kShifts[3] = {21, 10, 0};
@@ -545,10 +557,8 @@ SelectionPlan ExactTopK(Candidates* cand, int64_t k) {
                               [&](uint32_t u) { return (u & mask) != prefix; }),
                keys.end());
   }
-  float v;
-  std::memcpy(&v, &prefix, sizeof(v));
-  // need = how many keys equal to v the selection takes.
-  return ExactPlan(v, k - need, k);
+  // need = how many keys equal to `prefix` the selection takes.
+  return ExactPlan(prefix, k - need, k);
 }
 
 // The bisection starts at ratio 1/2 and halves the ratio while counts stay
@@ -560,11 +570,11 @@ template <typename T, bool kStrict>
 SelectionPlan BisectionPlan(OpKernelContext* ctx, const T* x, int64_t n,
                             int64_t k, TopKSampleMode mode, int rounds,
                             int64_t seed, const Stats& st, Candidates* cand) {
-  std::array<float, kCoarse> t;
+  CoarseKeys t;
   float ratio = 1.0f;
   for (int j = 0; j < kCoarse; ++j) {
     ratio *= 0.5f;
-    t[j] = Threshold(st.mean, st.diff, ratio);
+    t[j] = KeyOf(Threshold(st.mean, st.diff, ratio));
   }
   Blocks blocks(n, NumThreads(ctx));
   double fraction = 0.0;
@@ -589,12 +599,12 @@ SelectionPlan BisectionPlan(OpKernelContext* ctx, const T* x, int64_t n,
     Compact<T, kStrict>(ctx, x, counts, t, level, blocks, cand);
   }  // else the fused pass already holds a superset of the candidates
   for (; round < rounds && !bis.accepted(); ++round) {
-    bis.Update(CountPassing<kStrict>(ctx, cand->value, bis.NextThreshold()));
+    bis.Update(CountPassing<kStrict>(ctx, cand->value, bis.NextKey()));
     // Later thresholds and the final selection lie above the lowest count
     // > k: drop what is below once that halves the candidates.
     if (bis.has_lo() &&
         2 * bis.lo_count() <= static_cast<int64_t>(cand->value.size())) {
-      Prune<kStrict>(bis.lo_thr(), cand);
+      Prune<kStrict>(KeyOf(bis.lo_thr()), cand);
     }
   }
   if (mode == TopKSampleMode::kMsTopK) return MsTopKPlan(bis, n, k, seed);
@@ -605,15 +615,15 @@ SelectionPlan BisectionPlan(OpKernelContext* ctx, const T* x, int64_t n,
 // A threshold that, judged from the samples, about 1.5 k keys (plus three
 // standard deviations) exceed. False when there is no such prediction.
 template <typename T>
-bool SampledThreshold(const T* x, int64_t n, int64_t k, float* thr,
+bool SampledThreshold(const T* x, int64_t n, int64_t k, uint32_t* thr,
                       double* fraction) {
   if (n < kMinSampled) return false;
-  std::vector<float> keys;
+  std::vector<uint32_t> keys;
   keys.reserve(kRuns * kRun);
   for (int64_t r = 0; r < kRuns; ++r) {
     const int64_t begin = RunBegin(n, r);
     for (int64_t i = begin; i < begin + kRun; ++i) {
-      keys.push_back(KeyOf(Magnitude(x[i])));
+      keys.push_back(ElementKey(x[i]));
     }
   }
   const int64_t samples = static_cast<int64_t>(keys.size());
@@ -622,7 +632,7 @@ bool SampledThreshold(const T* x, int64_t n, int64_t k, float* thr,
       std::ceil(1.5 * expect + 3.0 * std::sqrt(expect) + 4.0));
   if (rank >= samples) return false;
   std::nth_element(keys.begin(), keys.begin() + rank, keys.end(),
-                   [](float a, float b) { return a > b; });
+                   [](uint32_t a, uint32_t b) { return a > b; });
   *thr = keys[rank];
   *fraction = static_cast<double>(rank) / samples;
   return true;
@@ -638,10 +648,10 @@ template <typename T>
 SelectionPlan TrimmedPlan(OpKernelContext* ctx, const T* x, int64_t n,
                           int64_t k, const Stats& st, Candidates* cand) {
   static_assert(kTrimmedSteps < kCoarse, "a slot for the sampled threshold");
-  std::array<float, kCoarse> t;
-  t.fill(kNaN);
+  CoarseKeys t;
+  t.fill(kNoKey);
   for (int j = 0; j < kTrimmedSteps; ++j) {
-    t[j] = Threshold(st.mean, st.diff, kTrimmedRatios[j]);
+    t[j] = KeyOf(Threshold(st.mean, st.diff, kTrimmedRatios[j]));
   }
   int sampled = -1;
   double fraction = 0.0;
@@ -705,7 +715,7 @@ absl::Status Extract(const T* x, const SelectionPlan& p, Candidates* cand_p,
   const int64_t band_end = p.start + p.need;
   const int64_t size = static_cast<int64_t>(cand.value.size());
   for (int64_t c = 0; c < size; ++c) {
-    const float a = CandidateKey(cand.value[c]);
+    const uint32_t a = KeyOf(cand.value[c]);
     bool take;
     if (IsAbove(p, a)) {
       take = true;

@@ -10,12 +10,13 @@
 // one ordered write: per-tile counts, an exclusive scan on the host, and a
 // kernel that writes every selected element at its rank. Trimmed top-k (and
 // the threshold search's exact fallback) finds the k-th largest key with a
-// bisection over its float bit pattern. Grid sizes come from the device's
+// bisection over the keys. Keys are compared as integers (the header says
+// why), so that neither -ftz=true device code nor a host thread that
+// flushes denormals changes a result. Grid sizes come from the device's
 // multiprocessor count and maximum grid size.
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -50,11 +51,12 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// The key of top_k_sample_kernels.h: |v|, NaN counting as +inf.
+// The key of top_k_sample_kernels.h: the bits of |v| in float32, NaN's
+// those of +inf.
 template <typename T>
-__device__ __forceinline__ float Key(T v) {
-  const float a = fabsf(ToFloat(v));
-  return isnan(a) ? INFINITY : a;
+__device__ __forceinline__ uint32_t Key(T v) {
+  const uint32_t bits = __float_as_uint(ToFloat(v)) & 0x7fffffffu;
+  return bits < kInfKey ? bits : kInfKey;
 }
 
 struct DeviceLimits {
@@ -135,8 +137,9 @@ __global__ void StatsKernel(const T* x, int64_t n, double* sums, float* maxs,
   unsigned long long fin = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float a = fabsf(ToFloat(x[i]));
-    if (a <= 3.402823466e38f) {
+    const uint32_t key = Key(x[i]);
+    if (key < kInfKey) {  // finite; a subnormal key counts as 0
+      const float a = key < kMinNormalKey ? 0.0f : __uint_as_float(key);
       sum += a;
       mx = fmaxf(mx, a);
       ++fin;
@@ -172,12 +175,12 @@ __global__ void StatsKernel(const T* x, int64_t n, double* sums, float* maxs,
 
 // count += number of keys >= thr (> thr when strict).
 template <typename T>
-__global__ void CountKernel(const T* x, int64_t n, float thr, bool strict,
+__global__ void CountKernel(const T* x, int64_t n, uint32_t thr, bool strict,
                             unsigned long long* count) {
   unsigned long long c = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float a = Key(x[i]);
+    const uint32_t a = Key(x[i]);
     c += strict ? (a > thr) : (a >= thr);
   }
   c = WarpSum(c);
@@ -187,14 +190,14 @@ __global__ void CountKernel(const T* x, int64_t n, float thr, bool strict,
 struct DevicePlan {
   bool has_above;
   bool above_strict;
-  float above;
+  uint32_t above;  // keys
   bool has_band_lo;
-  float band_lo;
+  uint32_t band_lo;
   int64_t start;
   int64_t need;
 };
 
-__device__ __forceinline__ int Classify(const DevicePlan& p, float a) {
+__device__ __forceinline__ int Classify(const DevicePlan& p, uint32_t a) {
   const bool above =
       p.has_above && (p.above_strict ? a > p.above : a >= p.above);
   if (above) return 1;
@@ -332,7 +335,7 @@ class Counter {
       : x_(x), n_(n), dev_(dev), s_(s), grid_(StrideGrid(n, d)) {}
 
   // Number of keys >= thr (> thr when strict); -1 on a CUDA error.
-  int64_t operator()(float thr, bool strict) {
+  int64_t operator()(uint32_t thr, bool strict) {
     if (cudaMemsetAsync(dev_, 0, sizeof(*dev_), s_) != cudaSuccess) return -1;
     LaunchKernel(CountKernel<T>, grid_, kThreads, 0, s_, x_, n_, thr, strict,
                  dev_);
@@ -353,16 +356,13 @@ class Counter {
   int grid_;
 };
 
-// k-th largest key by bisection over the bit pattern of non-negative floats
-// (keys are never negative nor NaN, so count(>= 0) = n >= k).
+// k-th largest key by bisection over the keys (count(>= 0) = n >= k).
 template <typename T>
 int ExactPlanGpu(Counter<T>& count, int64_t k, SelectionPlan* plan) {
-  uint32_t lo = 0, hi = 0x7f800000u;  // count(>= lo) >= k holds at lo = 0
+  uint32_t lo = 0, hi = kInfKey;  // count(>= lo) >= k holds at lo = 0
   while (lo < hi) {
     const uint32_t mid = lo + (hi - lo + 1) / 2;
-    float f;
-    memcpy(&f, &mid, sizeof(f));
-    const int64_t c = count(f, false);
+    const int64_t c = count(mid, false);
     if (c < 0) return static_cast<int>(cudaErrorUnknown);
     if (c >= k) {
       lo = mid;
@@ -370,11 +370,9 @@ int ExactPlanGpu(Counter<T>& count, int64_t k, SelectionPlan* plan) {
       hi = mid - 1;
     }
   }
-  float v;
-  memcpy(&v, &lo, sizeof(v));
-  const int64_t greater = count(v, true);
+  const int64_t greater = count(lo, true);
   if (greater < 0) return static_cast<int>(cudaErrorUnknown);
-  *plan = ExactPlan(v, greater, k);
+  *plan = ExactPlan(lo, greater, k);
   return 0;
 }
 
@@ -410,17 +408,13 @@ int PlanTyped(const T* x, int64_t n, int64_t k, TopKSampleMode mode,
     mx = std::max(mx, h_max[b]);
     fin += h_fin[b];
   }
-  float mean = 0.0f;
-  if (fin == 0) {
-    mx = 0.0f;
-  } else {
-    mean = static_cast<float>(sum / static_cast<double>(fin));
-  }
-  const float diff = mx - mean;
+  const float mean = Mean(sum, static_cast<int64_t>(fin));
+  if (fin == 0) mx = 0.0f;
+  const float diff = Diff(mx, mean);
   const bool strict = mode == TopKSampleMode::kThreshold;
   Bisection bis(mode, k, mean, diff);
   for (int r = 0; r < rounds && !bis.accepted(); ++r) {
-    const int64_t c = count(bis.NextThreshold(), strict);
+    const int64_t c = count(bis.NextKey(), strict);
     if (c < 0) return static_cast<int>(cudaErrorUnknown);
     bis.Update(c);
   }

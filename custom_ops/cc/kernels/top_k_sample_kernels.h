@@ -8,12 +8,21 @@
 //
 // Definitions shared by every implementation (and by the pure-TF reference in
 // tfgc/ops/top_k_sample.py, which is the test oracle):
-//   key(x)  = |x| computed in float32, +inf if x is NaN: non-finite values
-//             (NaN, +-inf) count as the largest magnitude and go first.
-//   mean    = (float) (sum of finite keys in double / number of finite keys),
-//             0 when no key is finite; max = largest finite key (0 if none);
-//             diff = max - mean (float32).
-//   thr(r)  = mean + r * diff in float32, r a dyadic ratio in [0, 1].
+//   key(x)  = the bit pattern of |x| in float32 as an unsigned integer, that
+//             of +inf when x is NaN: non-finite values (NaN, +-inf) count as
+//             the largest magnitude and go first. Keys are compared as
+//             integers, never as floats: TensorFlow's threads flush
+//             denormals (FTZ/DAZ), under which a float comparison would
+//             take a subnormal for zero. So subnormals rank above zero, in
+//             the order of their values, whatever the thread's float mode.
+//   stats   = over the finite keys, each subnormal one counted as 0: mean =
+//             (sum in double / number of finite keys) rounded to float32,
+//             0 when no key is finite; max = largest (0 if none); diff = max
+//             - mean rounded to float32. Every float32 result below 2^-126
+//             is flushed to 0 (Flush()), so that no arithmetic meets a
+//             subnormal and the results do not depend on the float mode.
+//   thr(r)  = mean + Flush(r * diff) in float32, r a dyadic ratio in [0, 1];
+//             a threshold is compared through its key.
 // Output indices are always in increasing order.
 
 #ifndef TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_KERNELS_H_
@@ -21,6 +30,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 namespace tfgc {
@@ -35,14 +45,15 @@ enum class TopKSampleMode : int {
 // `has_above && key >= above` (key > above when `above_strict`) is selected,
 // plus the elements of the band `band_lo <= key < above` (no upper bound
 // when !has_above; no lower bound when !has_band_lo) whose rank inside the
-// band, in index order, lies in [start, start + need).
+// band, in index order, lies in [start, start + need). `above` and
+// `band_lo` are keys, as in the definitions above.
 struct SelectionPlan {
   bool has_above = false;
   bool above_strict = false;
-  float above = 0.0f;
+  uint32_t above = 0;
   int64_t above_count = 0;
   bool has_band_lo = false;
-  float band_lo = 0.0f;
+  uint32_t band_lo = 0;
   int64_t need = 0;
   int64_t start = 0;
   int64_t output_size = 0;
@@ -67,9 +78,43 @@ inline int64_t SliceStart(int64_t seed, int64_t max_start) {
   return s > max_start ? max_start : s;
 }
 
+// The key of +inf (and of NaN); finite keys are below it.
+constexpr uint32_t kInfKey = 0x7f800000u;
+// The key of 2^-126, the smallest normal float32; subnormal keys are below.
+constexpr uint32_t kMinNormalKey = 0x00800000u;
+// Above every key: a threshold no key passes, strictly or not.
+constexpr uint32_t kNoKey = 0x7fffffffu;
+
+// key(x) of a float32 value (bits, so no float mode can change it).
+inline uint32_t KeyOf(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits &= 0x7fffffffu;
+  return bits < kInfKey ? bits : kInfKey;
+}
+
+// A non-negative double rounded to float32, 0 below 2^-126: the statistics
+// and thresholds are 0 or normal, with or without flush-to-zero.
+inline float Flush(double v) {
+  return v < static_cast<double>(std::numeric_limits<float>::min())
+             ? 0.0f
+             : static_cast<float>(v);
+}
+
+// The mean of `finite` finite keys summing to `sum` (subnormal ones as 0).
+inline float Mean(double sum, int64_t finite) {
+  return finite > 0 ? Flush(sum / static_cast<double>(finite)) : 0.0f;
+}
+
+// max - mean, max the largest finite key (subnormal ones as 0).
+inline float Diff(float max, float mean) {
+  return Flush(static_cast<double>(max) - static_cast<double>(mean));
+}
+
 inline float Threshold(float mean, float diff, float ratio) {
-  const float step = ratio * diff;  // two roundings, no FMA: as in TF
-  return mean + step;
+  // The product is exact in double: one rounding, as float32 r * diff.
+  const float step = Flush(static_cast<double>(ratio) * diff);
+  return mean + step;  // 0 or normal: no float mode changes the sum
 }
 
 // The bisection of MSTopK (counts of key >= thr) and of RedSync's threshold
@@ -81,6 +126,7 @@ class Bisection {
 
   float NextRatio() const { return (lo_ + hi_) * 0.5f; }
   float NextThreshold() const { return Threshold(mean_, diff_, NextRatio()); }
+  uint32_t NextKey() const { return KeyOf(NextThreshold()); }
 
   // Feeds the count at NextThreshold().
   void Update(int64_t count) {
@@ -144,10 +190,8 @@ class Bisection {
   int64_t lo_count_ = 0;
 };
 
-// Whether `key` is in the plan's above set. Strict comparisons stay strict:
-// TensorFlow's threads flush denormals, so `key >= nextafter(t)` would not
-// equal `key > t` at t = 0.
-inline bool IsAbove(const SelectionPlan& p, float key) {
+// Whether `key` is in the plan's above set.
+inline bool IsAbove(const SelectionPlan& p, uint32_t key) {
   return p.has_above && (p.above_strict ? key > p.above : key >= p.above);
 }
 
@@ -156,10 +200,10 @@ inline SelectionPlan MsTopKPlan(const Bisection& b, int64_t n, int64_t k,
                                 int64_t seed) {
   SelectionPlan p;
   p.has_above = b.has_hi();
-  p.above = b.hi_thr();
+  p.above = KeyOf(b.hi_thr());
   p.above_count = b.has_hi() ? b.hi_count() : 0;
   p.has_band_lo = b.has_lo();
-  p.band_lo = b.lo_thr();
+  p.band_lo = KeyOf(b.lo_thr());
   const int64_t band = (b.has_lo() ? b.lo_count() : n) - p.above_count;
   p.need = k - p.above_count;
   p.start = SliceStart(seed, band - p.need);
@@ -173,7 +217,7 @@ inline SelectionPlan ThresholdPlan(const Bisection& b) {
   SelectionPlan p;
   p.has_above = true;
   p.above_strict = true;
-  p.above = b.lo_thr();
+  p.above = KeyOf(b.lo_thr());
   p.above_count = b.lo_count();
   p.output_size = b.lo_count();
   return p;
@@ -181,7 +225,7 @@ inline SelectionPlan ThresholdPlan(const Bisection& b) {
 
 // Plan for exact top-k given the k-th largest key `v` and the number of keys
 // strictly greater than it.
-inline SelectionPlan ExactPlan(float v, int64_t greater, int64_t k) {
+inline SelectionPlan ExactPlan(uint32_t v, int64_t greater, int64_t k) {
   SelectionPlan p;
   p.has_above = true;  // key > v
   p.above_strict = true;
