@@ -825,22 +825,25 @@ def randomk_send(indices):
     return send
 
 
-def sign_send(acc, step, index):
-    """EF-SignSGD: mean |acc| times the sign of acc (zero counts as +)."""
-    del step, index
+def _signed(acc, scale):
+    """scale times the sign of acc (zero counts as +), with the payload's
+    bytes: the packed signs and one float32 scale."""
     flat = acc.reshape(-1)
-    scale = np.mean(np.abs(flat), dtype=F32)
     sent = np.where(flat >= 0, scale, -scale).astype(F32)
     return sent.reshape(acc.shape), None, 4 * -(-flat.size // 32) + 4
 
 
-def vote_send(acc, step, index):
-    """signSGD with majority vote: this worker's sign of acc (zero counts
-    as +); reduce with `majority`."""
+def sign_send(acc, step, index):
+    """EF-SignSGD: mean |acc| times the sign of acc."""
     del step, index
-    flat = acc.reshape(-1)
-    sent = np.where(flat >= 0, 1.0, -1.0).astype(F32)
-    return sent.reshape(acc.shape), None, 4 * -(-flat.size // 32) + 4
+    return _signed(acc, np.mean(np.abs(acc.reshape(-1)), dtype=F32))
+
+
+def vote_send(acc, step, index):
+    """signSGD with majority vote: this worker's sign of acc; reduce with
+    `majority`."""
+    del step, index
+    return _signed(acc, F32(1.0))
 
 
 def majority(sent):
