@@ -57,7 +57,7 @@ Selects about k elements of the flattened `x` by magnitude without sorting.
 mode=mstopk: exactly k (MSTopK band fill, random slice chosen by `seed`);
 mode=threshold: RedSync threshold search, k < size < 2k when such a
 threshold exists; mode=trimmed: exact top-k, lower index first among ties.
-Indices are increasing; NaN has the lowest magnitude, +-Inf the highest.
+Indices are increasing; NaN and +-Inf have the highest magnitude.
 )doc");
 
 REGISTER_OP("Tfgc>TopKSampleWithResidual")
