@@ -1,6 +1,8 @@
 """Tests of tfgc.ops.top_k_sample: custom op vs pure-TF reference vs numpy."""
 
+import ctypes
 import importlib
+import os
 
 import numpy as np
 import pytest
@@ -516,3 +518,113 @@ def test_large_inputs_match_numpy(backend, mode, data):
         np.testing.assert_array_equal(
             i.numpy(), np_select(x, k, mode, seed=k), err_msg=f"k={k}"
         )
+
+
+def sampled_runs(n):
+    """Mask of the 256 runs of 256 keys the CPU kernel samples (n >= 256 Ki):
+    its floor for the compaction comes from them."""
+    stride = n // 256
+    mask = np.zeros(n, bool)
+    for r in range(256):
+        begin = r * stride + (stride - 256) // 2
+        mask[begin : begin + 256] = True
+    return mask
+
+
+def hostile(name, n):
+    """Data that sends the CPU kernel's compaction through each of its
+    retries (see PlanCpu), and heavy tails."""
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal(n).astype(np.float32)
+    if name == "outlier":  # the bisection grid is coarse: lo far below
+        x[n // 3] = 1e6
+    elif name == "student_t2":
+        x = rng.standard_t(2, n).astype(np.float32)
+    elif name == "sample_too_high":  # the sample sees only the large values
+        x = np.where(sampled_runs(n), x * 100, x)
+    elif name == "sample_too_low":  # the sample sees only zeros
+        x = np.where(sampled_runs(n), 0, x).astype(np.float32)
+    elif name == "mostly_zero":  # k above the nonzeros: zeros selected
+        x = np.where(rng.random(n) < 0.005, x, 0).astype(np.float32)
+    elif name == "two_values":  # every key in one histogram bucket
+        x = np.where(rng.random(n) < 0.5, 1.0, -1.0000001).astype(np.float32)
+    return x
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "data",
+    [
+        "outlier",
+        "student_t2",
+        "sample_too_high",
+        "sample_too_low",
+        "mostly_zero",
+        "two_values",
+    ],
+)
+def test_sampled_floor_retries_match_numpy(custom_lib, mode, data):
+    """Whatever the sample predicts, the selection is the specification's:
+    a floor that is too high is lowered (to the bisection's lo threshold,
+    to the lowest threshold it visited, or to 0), never trusted."""
+    del custom_lib
+    n = 1 << 19
+    x = hostile(data, n)
+    for k in [1, 524, 5243, 26_000]:
+        for rounds in [3, 20]:
+            _, i = tfgc.ops.top_k_sample(
+                tf.constant(x), k, mode=mode, seed=k, rounds=rounds
+            )
+            np.testing.assert_array_equal(
+                i.numpy(),
+                np_select(x, k, mode, rounds=rounds, seed=k),
+                err_msg=f"k={k} rounds={rounds}",
+            )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sampled_floor_with_residual(custom_lib, mode):
+    """The fused first pass writes acc = gradient + residual while it
+    compacts; the sample reads acc before it is written."""
+    del custom_lib
+    n = 1 << 19
+    g = hostile("sample_too_high", n)
+    r = hostile("outlier", n) * np.float32(0.5)
+    acc = g + r
+    for k in [0, 700, 26_000]:
+        v, i, new_r = tfgc.ops.top_k_sample(
+            tf.constant(g), k, mode=mode, seed=k, residual=tf.constant(r)
+        )
+        want = np_select(acc, k, mode, seed=k)
+        np.testing.assert_array_equal(i.numpy(), want)
+        np.testing.assert_array_equal(v.numpy(), acc[want])
+        expect = acc.copy()
+        expect[want] = 0
+        np.testing.assert_array_equal(new_r.numpy(), expect)
+
+
+def _live_bytes():
+    """Resident memory after glibc gave its free heap back to the system,
+    so what is freed does not count."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/statm"), reason="needs Linux and glibc"
+)
+def test_candidates_are_not_kept_after_a_huge_call(custom_lib):
+    """A call that makes every element a candidate (mstopk with k above the
+    nonzeros) must not leave ~20 bytes per element with the kernel."""
+    del custom_lib
+    n = 1 << 23
+    x = tf.constant(hostile("mostly_zero", n))
+    k = n // 20
+    tfgc.ops.top_k_sample(x, 10, mode="mstopk")  # the kernel exists
+    before = _live_bytes()
+    for _ in range(2):
+        v, i = tfgc.ops.top_k_sample(x, k, mode="mstopk", seed=1)
+        del v, i
+    grown = _live_bytes() - before
+    assert grown < 40 * 2**20, f"the process grew by {grown / 2**20:.0f} MiB"

@@ -49,7 +49,6 @@ from tfgc.ops import _library
 
 MODES = ("mstopk", "threshold", "trimmed")
 _FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
-_TRIMMED_RATIOS = (0.8, 0.6, 0.4, 0.2, 0.0)
 _MIN_NORMAL = 2.0**-126  # float32's smallest normal
 _MIN_NORMAL_KEY = 0x00800000  # its key; subnormal keys are below
 _INF_KEY = 0x7F800000  # the key of +inf and of NaN; finite keys are below

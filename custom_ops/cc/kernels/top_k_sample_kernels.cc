@@ -3,25 +3,22 @@
 // CPU kernels of Tfgc>TopKSample and Tfgc>TopKSampleWithResidual (and the
 // TensorFlow glue of their CUDA kernels when built with GOOGLE_CUDA).
 //
-// The CPU algorithm reads the input two or three times whatever `rounds` is:
+// The CPU algorithm reads the input twice, whatever the data and `rounds`
+// (PlanCpu says why this is exact):
 //   1. statistics: sum, max and count of the finite keys (fused with
-//      acc = gradient + residual in the residual variant);
-//   2. counts at six thresholds: for the bisection the ratios 1/2, 1/4, ...,
-//      1/64 it visits first, which answer the first rounds and bound all
-//      later thresholds from below; for trimmed top-k its five ratios plus
-//      a threshold about 1.5 k keys exceed. For inputs of 256 Ki keys or
-//      more, a sample of 64 Ki keys (256 runs of 256) predicts the bound
-//      (or that threshold) and the same pass compacts the elements above it
-//      as candidates (value and index);
-//   3. only when there was no prediction or it was wrong: an ordered
-//      compaction of the candidates at the exact bound;
-// then the remaining rounds run on the candidates (dropping those below the
-// bisection's lower end as it rises), trimmed top-k finds the k-th largest
-// key by radix selection, and the selection is written from the candidates.
-// Every full pass is split into fixed blocks run on the intra-op thread
-// pool, and every result is exactly the one of the pure-TF reference. The
-// two full passes have AVX2 versions (simd.h), chosen at run time, that read
-// float32, float16 (F16C) and bfloat16 directly, eight keys per instruction.
+//      acc = gradient + residual in the residual variant; trimmed top-k
+//      needs none);
+//   2. a compaction of every element whose key is at least a floor taken
+//      from a sample of 64 Ki keys (value and index, in index order);
+// then the order statistics come from the candidates (a histogram of the
+// top key bits, then nth_element in one bucket), the bisection runs on
+// them without touching the data, and the selection is written from the
+// candidates. Only when the sample misleads is pass 2 repeated at a lower
+// floor. Every full pass is split into fixed blocks run on the intra-op
+// thread pool, and every result is exactly the one of the pure-TF
+// reference. The two full passes have AVX2 versions (simd.h), chosen at
+// run time, that read float32, float16 (F16C) and bfloat16 directly, eight
+// keys per instruction.
 
 #define EIGEN_USE_THREADS
 
@@ -196,53 +193,64 @@ Stats Combine(const std::vector<BlockStats>& parts) {
   return s;
 }
 
-template <typename T>
-Stats ComputeStats(OpKernelContext* ctx, const T* x, int64_t n) {
-  Blocks blocks(n, NumThreads(ctx));
-  std::vector<BlockStats> parts(blocks.count());
-  ForEachBlock(ctx, blocks, [&](int64_t b) {
-    Accumulate(x, blocks.begin(b), blocks.end(b), &parts[b]);
-  });
-  return Combine(parts);
-}
-
-// acc = gradient + residual (in T, as TensorFlow adds), then statistics.
-template <typename T>
-Stats AddAndComputeStats(OpKernelContext* ctx, const T* g, const T* r, T* acc,
-                         int64_t n) {
-  Blocks blocks(n, NumThreads(ctx));
-  std::vector<BlockStats> parts(blocks.count());
-  ForEachBlock(ctx, blocks, [&](int64_t b) {
-    const int64_t begin = blocks.begin(b);
-    const int64_t end = blocks.end(b);
-    // Add in chunks that stay in L1, then read them back for the stats.
-    constexpr int64_t kChunk = 2048;
-    BlockStats total;
-    for (int64_t c = begin; c < end; c += kChunk) {
-      const int64_t ce = std::min(end, c + kChunk);
-      for (int64_t i = c; i < ce; ++i) acc[i] = static_cast<T>(g[i] + r[i]);
-      BlockStats part;
-      Accumulate(acc, c, ce, &part);
-      total.sum += part.sum;
-      total.max = std::max(total.max, part.max);
-      total.finite += part.finite;
-    }
-    parts[b] = total;
-  });
-  return Combine(parts);
-}
-
-// Number of coarse thresholds counted in the second pass (unused slots are
-// kNoKey, which no key passes).
-constexpr int kCoarse = 6;
-
-// The keys of the coarse thresholds.
-using CoarseKeys = std::array<uint32_t, kCoarse>;
-
 // Whether `key` passes threshold key `t`: key >= t, or key > t when kStrict.
 template <bool kStrict>
 inline bool Passes(uint32_t key, uint32_t t) {
   return kStrict ? key > t : key >= t;
+}
+
+// Histogram of the top 11 bits of keys (keys <= 0x7f800000 < 2^31).
+constexpr int kTopShift = 20;
+using DigitHist = std::array<int64_t, 1 << 11>;
+
+// The digit of `h`, searched from the top, that holds the r-th largest
+// count; `*r` becomes the rank inside it.
+int FindDigit(const DigitHist& h, int64_t* r) {
+  int d = static_cast<int>(h.size()) - 1;
+  while (h[d] < *r) *r -= h[d--];  // the counts add up to at least r
+  return d;
+}
+
+// The r-th largest (1 <= r <= keys.size()) of `keys`, whose top-digit
+// histogram is `top`, for each r of `ranks`: the top digit from `top`, the
+// next 11 bits from one histogram pass over the keys, then nth_element
+// among the few keys that share both digits.
+template <size_t kRanks>
+std::array<uint32_t, kRanks> KthLargest(const std::vector<uint32_t>& keys,
+                                        const DigitHist& top,
+                                        std::array<int64_t, kRanks> ranks,
+                                        std::vector<uint32_t>* bucket) {
+  constexpr int kNextShift = kTopShift - 11;
+  std::array<uint32_t, kRanks> digit;
+  for (size_t j = 0; j < kRanks; ++j) digit[j] = FindDigit(top, &ranks[j]);
+  const std::array<int64_t, kRanks> in_digit = ranks;  // ranks in the digit
+  std::array<DigitHist, kRanks> next{};
+  for (uint32_t u : keys) {
+    for (size_t j = 0; j < kRanks; ++j) {
+      if ((u >> kTopShift) == digit[j]) ++next[j][(u >> kNextShift) & 0x7ffu];
+    }
+  }
+  std::array<uint32_t, kRanks> out;
+  for (size_t j = 0; j < kRanks; ++j) {
+    if (j > 0 && digit[j] == digit[j - 1] && in_digit[j] == in_digit[j - 1]) {
+      out[j] = out[j - 1];  // the same rank again
+      continue;
+    }
+    const uint32_t prefix = digit[j] << 11 | FindDigit(next[j], &ranks[j]);
+    bucket->clear();
+    for (uint32_t u : keys) {
+      if ((u >> kNextShift) == prefix) bucket->push_back(u);
+    }
+    const auto nth = bucket->begin() + (ranks[j] - 1);
+    std::nth_element(bucket->begin(), nth, bucket->end(),
+                     [](uint32_t a, uint32_t b) { return a > b; });
+    out[j] = *nth;
+  }
+  return out;
+}
+
+void AddToHist(const uint32_t* keys, int64_t size, DigitHist* h) {
+  for (int64_t i = 0; i < size; ++i) ++(*h)[keys[i] >> kTopShift];
 }
 
 // Growable, uninitialised (value, index) storage for one block's candidates.
@@ -267,14 +275,32 @@ struct CandidateBuffer {
 
 // Candidates hold the element's value (as float, exactly) rather than its
 // key, so that writing the selection never reads the input again. The
-// kernel keeps one Candidates between calls: the fresh pages of a few MB of
-// candidates cost more than the pass that fills them.
+// kernel keeps one Candidates between calls (the fresh pages of a few MB of
+// candidates cost more than the pass that fills them), up to kKeptBytes.
 struct Candidates {
   std::vector<float> value;
   std::vector<int32_t> index;
-  std::vector<CandidateBuffer> parts;  // per-block output of the fused pass
-  std::vector<uint32_t> radix;         // ExactTopK's keys
+  std::vector<CandidateBuffer> parts;  // per-block output of the compaction
+  std::vector<uint32_t> keys;          // the candidates' keys
+  DigitHist keys_top;                  // their top-digit histogram
+  std::vector<uint32_t> sample;        // the sampled keys
+  DigitHist sample_top;
+  std::vector<uint32_t> bucket;        // KthLargest's scratch
+
+  int64_t Bytes() const {
+    int64_t bytes = 4 * static_cast<int64_t>(value.capacity() +
+                                             index.capacity() +
+                                             keys.capacity() +
+                                             sample.capacity() +
+                                             bucket.capacity());
+    for (const CandidateBuffer& p : parts) bytes += 8 * p.capacity;
+    return bytes;
+  }
 };
+
+// What a kernel keeps between calls: after one call on a huge or
+// unfriendly input, more is released rather than kept for good.
+constexpr int64_t kKeptBytes = int64_t{64} << 20;
 
 // Appends element i (value v) to the candidates.
 inline void Append(float v, int64_t i, CandidateBuffer* part) {
@@ -283,39 +309,27 @@ inline void Append(float v, int64_t i, CandidateBuffer* part) {
   ++part->size;
 }
 
-// Adds to c[j] the number of keys of x[begin, end) passing th[j] and appends
-// the elements passing `thr` (none when thr is kNoKey) to `part`, in index
-// order. The caller reserved room for every element of the range.
-template <typename T, bool kStrict>
-void CountRangeScalar(const T* x, int64_t begin, int64_t end,
-                      const uint32_t* th, uint32_t thr, int64_t* c,
-                      CandidateBuffer* part) {
+// Appends the elements of x[begin, end) whose key is >= s to `part`, in
+// index order. The caller reserved room for every element of the range.
+template <typename T>
+void AppendAtLeastScalar(const T* x, int64_t begin, int64_t end, uint32_t s,
+                         CandidateBuffer* part) {
   for (int64_t i = begin; i < end; ++i) {
     const float v = static_cast<float>(x[i]);
-    const uint32_t a = KeyOf(v);
-    for (int j = 0; j < kCoarse; ++j) c[j] += Passes<kStrict>(a, th[j]);
-    if (Passes<kStrict>(a, thr)) Append(v, i, part);
+    if (KeyOf(v) >= s) Append(v, i, part);
   }
 }
 
 #if TFGC_HAVE_AVX2_PATH
-// CountRangeScalar eight keys per compare. The append is branch-free: the
-// passing lanes are permuted to the front and all eight stored, and the
-// size grows by their number, so `part` needs 8 slots of slack.
-template <typename T, bool kStrict>
-TFGC_AVX2 void CountRangeAvx2(const T* x, int64_t begin, int64_t end,
-                              const uint32_t* th, uint32_t thr, int64_t* c,
-                              CandidateBuffer* part) {
+// AppendAtLeastScalar eight keys per compare, branch-free: the passing
+// lanes are permuted to the front and all eight stored, and the size grows
+// by their number, so `part` needs 8 slots of slack.
+template <typename T>
+TFGC_AVX2 void AppendAtLeastAvx2(const T* x, int64_t begin, int64_t end,
+                                 uint32_t s, CandidateBuffer* part) {
   // Keys are at most 0x7f800000, so signed compares order them, and
-  // key >= t is key > t - 1 (t - 1 = -1 passes every key; kNoKey - 1 none).
-  const uint32_t below = kStrict ? 0 : 1;
-  __m256i t[kCoarse];
-  __m256i acc[kCoarse];
-  for (int j = 0; j < kCoarse; ++j) {
-    t[j] = _mm256_set1_epi32(static_cast<int32_t>(th[j] - below));
-    acc[j] = _mm256_setzero_si256();
-  }
-  const __m256i tl = _mm256_set1_epi32(static_cast<int32_t>(thr - below));
+  // key >= s is key > s - 1 (s - 1 = -1 when s = 0: every key passes).
+  const __m256i below = _mm256_set1_epi32(static_cast<int32_t>(s - 1));
   const LeftPackTable& pack = LeftPack();
   float* out_value = part->value.get();
   int32_t* out_index = part->index.get();
@@ -323,13 +337,10 @@ TFGC_AVX2 void CountRangeAvx2(const T* x, int64_t begin, int64_t end,
   int64_t i = begin;
   for (; i + 8 <= end; i += 8) {
     const __m256 raw = LoadFloat8(x + i);
-    const __m256i v = _mm256_min_epi32(
-        _mm256_castps_si256(Abs8(raw)), _mm256_set1_epi32(kInfKey));
-    for (int j = 0; j < kCoarse; ++j) {
-      acc[j] = _mm256_sub_epi32(acc[j], _mm256_cmpgt_epi32(v, t[j]));
-    }
+    const __m256i key = _mm256_min_epi32(_mm256_castps_si256(Abs8(raw)),
+                                         _mm256_set1_epi32(kInfKey));
     const int bits = _mm256_movemask_ps(
-        _mm256_castsi256_ps(_mm256_cmpgt_epi32(v, tl)));
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(key, below)));
     const __m256i lanes = _mm256_load_si256(
         reinterpret_cast<const __m256i*>(pack.lanes[bits]));
     _mm256_storeu_ps(out_value + size, _mm256_permutevar8x32_ps(raw, lanes));
@@ -339,359 +350,292 @@ TFGC_AVX2 void CountRangeAvx2(const T* x, int64_t begin, int64_t end,
     size += __builtin_popcount(bits);
   }
   part->size = size;
-  for (int j = 0; j < kCoarse; ++j) c[j] += HorizontalSum(acc[j]);
-  CountRangeScalar<T, kStrict>(x, i, end, th, thr, c, part);  // < 8 left
+  AppendAtLeastScalar(x, i, end, s, part);  // < 8 left
 }
 #endif  // TFGC_HAVE_AVX2_PATH
 
-template <typename T, bool kStrict>
-void CountRange(const T* x, int64_t begin, int64_t end, const uint32_t* th,
-                uint32_t thr, int64_t* c, CandidateBuffer* part) {
+template <typename T>
+void AppendAtLeast(const T* x, int64_t begin, int64_t end, uint32_t s,
+                   CandidateBuffer* part) {
 #if TFGC_HAVE_AVX2_PATH
-  if (UseAvx2()) {
-    return CountRangeAvx2<T, kStrict>(x, begin, end, th, thr, c, part);
-  }
+  if (UseAvx2()) return AppendAtLeastAvx2(x, begin, end, s, part);
 #endif
-  CountRangeScalar<T, kStrict>(x, begin, end, th, thr, c, part);
+  AppendAtLeastScalar(x, begin, end, s, part);
 }
 
-// The samples that predict where to compact: kRuns runs of kRun
-// consecutive keys (16 cache lines, prefetched, read far faster than 64 Ki
-// keys one cache line apart), spread evenly, in inputs of kMinSampled keys
-// or more (below that the exact passes are cheap).
-constexpr int64_t kRuns = 256;
-constexpr int64_t kRun = 256;
-constexpr int64_t kMinSampled = 4 * kRuns * kRun;
+// The data selected from: x itself, or acc = gradient + residual (added in
+// T, as TensorFlow adds), which the first pass writes to `acc`.
+template <typename T>
+struct Input {
+  const T* x;                   // x, or the gradient
+  const T* residual = nullptr;  // null for TopKSample
+  T* acc = nullptr;             // acc's storage (null for TopKSample)
+  int64_t n = 0;
 
-inline int64_t RunBegin(int64_t n, int64_t r) {
-  const int64_t stride = n / kRuns;
-  return r * stride + (stride - kRun) / 2;
-}
-
-// Predicts, from the samples, the coarse level the counts will choose: the
-// first j whose count is `> k`, one level lower when the estimate is within
-// 25 % of k (a superset is needed, so the prediction errs low). Returns -1
-// for no prediction and sets `*fraction` to the sampled fraction of keys
-// passing the predicted level.
-template <typename T, bool kStrict>
-int PredictLevel(const T* x, int64_t n, int64_t k, const CoarseKeys& t,
-                 int levels, double* fraction) {
-  if (n < kMinSampled) return -1;
-  int64_t c[kCoarse] = {0};
-  CandidateBuffer none;  // nothing passes kNoKey; the AVX2 path needs slack
-  none.Reserve(8);
-  for (int64_t r = 0; r < kRuns; ++r) {
-    const int64_t begin = RunBegin(n, r);
-    CountRange<T, kStrict>(x, begin, begin + kRun, t.data(), kNoKey, c,
-                           &none);
+  T operator[](int64_t i) const {
+    return residual == nullptr ? x[i] : static_cast<T>(x[i] + residual[i]);
   }
-  const int64_t samples = kRuns * kRun;
-  for (int j = 0; j < levels; ++j) {
-    const double est = static_cast<double>(c[j]) * n / samples;
-    if (est > k) {
-      const int level = est < 1.25 * k ? std::min(j + 1, levels - 1) : j;
-      *fraction = static_cast<double>(c[level]) / samples;
-      return level;
-    }
-  }
-  return -1;
-}
+  // The data, once the first pass wrote acc.
+  const T* data() const { return residual == nullptr ? x : acc; }
+};
 
-// One pass: per-block counts of the keys passing each coarse threshold
-// (key >= t, or key > t when kStrict; unused slots are kNoKey, which no key
-// passes) and, when level >= 0, the
-// elements passing t[level] in index order into `cand`.
-template <typename T, bool kStrict>
-std::vector<std::array<int64_t, kCoarse>> CountAndCompact(
-    OpKernelContext* ctx, const T* x, const CoarseKeys& t, int level,
-    double fraction, const Blocks& blocks, Candidates* cand) {
-  std::vector<std::array<int64_t, kCoarse>> counts(blocks.count());
+// One pass over the input: with a residual, acc = gradient + residual is
+// written; with `stats`, the statistics are returned; every element whose
+// key is >= s goes, in index order, into `cand` (value, index, key and the
+// keys' top-digit histogram). It runs in chunks that stay in L1, so each
+// chunk is read from memory once whatever it does. `fraction` estimates
+// the share that passes, to size the per-block buffers.
+template <typename T>
+Stats Compact(OpKernelContext* ctx, const Input<T>& in, bool stats,
+              uint32_t s, double fraction, Candidates* cand) {
+  const int64_t n = in.n;
+  Blocks blocks(n, NumThreads(ctx));
   std::vector<CandidateBuffer>& parts = cand->parts;
   if (static_cast<int64_t>(parts.size()) < blocks.count()) {
     parts.resize(blocks.count());
   }
-  for (CandidateBuffer& part : parts) part.size = 0;
-  const uint32_t append_thr = level >= 0 ? t[level] : kNoKey;
+  std::vector<BlockStats> block_stats(blocks.count());
   ForEachBlock(ctx, blocks, [&](int64_t b) {
-    int64_t c[kCoarse] = {0};
     CandidateBuffer& part = parts[b];
+    part.size = 0;
+    const int64_t begin = blocks.begin(b);
     const int64_t end = blocks.end(b);
-    // Chunks bound what one call may append (plus CountRangeAvx2's slack);
-    // the buffer grows between them.
-    constexpr int64_t kChunk = 4096;
-    if (level >= 0) {
-      part.Reserve(static_cast<int64_t>(
-          1.25 * fraction * static_cast<double>(end - blocks.begin(b)) +
-          kChunk + 8));
+    // Chunks also bound what one call may append (plus the AVX2 path's
+    // slack); the buffer grows between them.
+    constexpr int64_t kChunk = 2048;
+    part.Reserve(static_cast<int64_t>(
+        1.25 * fraction * static_cast<double>(end - begin) + kChunk + 8));
+    BlockStats total;
+    for (int64_t c = begin; c < end; c += kChunk) {
+      const int64_t ce = std::min(end, c + kChunk);
+      if (in.residual != nullptr) {
+        for (int64_t i = c; i < ce; ++i) in.acc[i] = in[i];
+      }
+      const T* x = in.data();
+      if (stats) {
+        BlockStats chunk;
+        Accumulate(x, c, ce, &chunk);
+        total.sum += chunk.sum;
+        total.max = std::max(total.max, chunk.max);
+        total.finite += chunk.finite;
+      }
+      part.Reserve(part.size + (ce - c) + 8);
+      AppendAtLeast(x, c, ce, s, &part);
     }
-    for (int64_t c0 = blocks.begin(b); c0 < end; c0 += kChunk) {
-      const int64_t ce = std::min(end, c0 + kChunk);
-      part.Reserve(part.size + (ce - c0) + 8);
-      CountRange<T, kStrict>(x, c0, ce, t.data(), append_thr, c, &part);
-    }
-    for (int j = 0; j < kCoarse; ++j) counts[b][j] = c[j];
+    block_stats[b] = total;
   });
-  if (level >= 0) {
-    int64_t total = 0;
-    for (int64_t b = 0; b < blocks.count(); ++b) total += parts[b].size;
-    cand->value.reserve(total);
-    cand->index.reserve(total);
-    for (int64_t b = 0; b < blocks.count(); ++b) {
-      const CandidateBuffer& part = parts[b];
-      cand->value.insert(cand->value.end(), part.value.get(),
-                         part.value.get() + part.size);
-      cand->index.insert(cand->index.end(), part.index.get(),
-                         part.index.get() + part.size);
-    }
-  }
-  return counts;
-}
-
-int64_t TotalCount(const std::vector<std::array<int64_t, kCoarse>>& counts,
-                   int j) {
-  int64_t total = 0;
-  for (const auto& c : counts) total += c[j];
-  return total;
-}
-
-// Copies, in index order, every element passing coarse threshold `level`
-// (all of them when level < 0).
-template <typename T, bool kStrict>
-void Compact(OpKernelContext* ctx, const T* x,
-             const std::vector<std::array<int64_t, kCoarse>>& counts,
-             const CoarseKeys& t, int level, const Blocks& blocks,
-             Candidates* out) {
   std::vector<int64_t> offsets(blocks.count() + 1, 0);
   for (int64_t b = 0; b < blocks.count(); ++b) {
-    const int64_t c =
-        level >= 0 ? counts[b][level] : blocks.end(b) - blocks.begin(b);
-    offsets[b + 1] = offsets[b] + c;
+    offsets[b + 1] = offsets[b] + parts[b].size;
   }
-  out->value.resize(offsets.back());
-  out->index.resize(offsets.back());
-  const uint32_t thr = level >= 0 ? t[level] : 0;
+  const int64_t size = offsets.back();
+  cand->value.resize(size);
+  cand->index.resize(size);
+  cand->keys.resize(size);
+  std::vector<DigitHist> hists(blocks.count());
   ForEachBlock(ctx, blocks, [&](int64_t b) {
-    int64_t o = offsets[b];
-    const int64_t end = blocks.end(b);
-    float* value = out->value.data();
-    int32_t* index = out->index.data();
-    if (level < 0) {
-      for (int64_t i = blocks.begin(b); i < end; ++i, ++o) {
-        value[o] = static_cast<float>(x[i]);
-        index[o] = static_cast<int32_t>(i);
-      }
-      return;
-    }
-    for (int64_t i = blocks.begin(b); i < end; ++i) {
-      const float v = static_cast<float>(x[i]);
-      if (Passes<kStrict>(KeyOf(v), thr)) {
-        value[o] = v;
-        index[o] = static_cast<int32_t>(i);
-        ++o;
-      }
-    }
+    const CandidateBuffer& part = parts[b];
+    const int64_t o = offsets[b];
+    std::copy(part.value.get(), part.value.get() + part.size,
+              cand->value.data() + o);
+    std::copy(part.index.get(), part.index.get() + part.size,
+              cand->index.data() + o);
+    uint32_t* keys = cand->keys.data() + o;
+    std::transform(part.value.get(), part.value.get() + part.size, keys,
+                   [](float v) { return KeyOf(v); });
+    hists[b].fill(0);
+    AddToHist(keys, part.size, &hists[b]);
   });
+  cand->keys_top.fill(0);
+  for (const DigitHist& h : hists) {
+    for (size_t d = 0; d < h.size(); ++d) cand->keys_top[d] += h[d];
+  }
+  return stats ? Combine(block_stats) : Stats();
 }
 
-// Number of candidate keys >= thr (> thr when kStrict).
-template <bool kStrict>
-int64_t CountPassing(OpKernelContext* ctx, const std::vector<float>& value,
-                     uint32_t thr) {
-  const int64_t n = static_cast<int64_t>(value.size());
-  // Below 256 Ki keys one thread beats waking the pool every round.
-  Blocks blocks(n, NumThreads(ctx), int64_t{1} << 18);
-  std::vector<int64_t> part(blocks.count(), 0);
-  ForEachBlock(ctx, blocks, [&](int64_t b) {
-    int64_t c = 0;
-    const float* v = value.data();
-    const int64_t end = blocks.end(b);
-    for (int64_t i = blocks.begin(b); i < end; ++i) {
-      c += Passes<kStrict>(KeyOf(v[i]), thr);
+// The keys that predict where to compact: all of them below kMinSampled
+// elements, else kRuns runs of kRun consecutive keys (16 cache lines,
+// prefetched, read far faster than 64 Ki keys one cache line apart),
+// spread evenly.
+constexpr int64_t kRuns = 256;
+constexpr int64_t kRun = 256;
+constexpr int64_t kMinSampled = 4 * kRuns * kRun;
+
+template <typename T>
+void DrawSample(const Input<T>& x, Candidates* cand) {
+  const int64_t n = x.n;
+  std::vector<uint32_t>& sample = cand->sample;
+  sample.clear();
+  if (n < kMinSampled) {
+    for (int64_t i = 0; i < n; ++i) sample.push_back(ElementKey(x[i]));
+  } else {
+    const int64_t stride = n / kRuns;
+    for (int64_t r = 0; r < kRuns; ++r) {
+      const int64_t begin = r * stride + (stride - kRun) / 2;
+      for (int64_t i = begin; i < begin + kRun; ++i) {
+        sample.push_back(ElementKey(x[i]));
+      }
     }
-    part[b] = c;
-  });
-  int64_t total = 0;
-  for (int64_t c : part) total += c;
-  return total;
+  }
+  cand->sample_top.fill(0);
+  AddToHist(sample.data(), static_cast<int64_t>(sample.size()),
+            &cand->sample_top);
+}
+
+// A key that the r-th largest key of the n-element input reaches, judged
+// from the sample: exactly the r-th largest when the sample is the whole
+// input, otherwise the sample's key of rank r m / n plus four standard
+// deviations and 8 (m sampled keys), so it is lower with high probability.
+// 0 when the sample cannot tell; kNoRank when r > n.
+int64_t LowerBoundOfRank(int64_t n, int64_t r, Candidates* cand) {
+  if (r > n) return kNoRank;
+  const auto m = static_cast<int64_t>(cand->sample.size());
+  int64_t rank = r;
+  if (m < n) {
+    const double expect = static_cast<double>(r) * m / n;
+    rank = static_cast<int64_t>(
+        std::ceil(expect + 4.0 * std::sqrt(expect) + 8.0));
+    if (rank > m) return 0;
+  }
+  return KthLargest<1>(cand->sample, cand->sample_top, {rank}, &cand->bucket)[0];
+}
+
+// Numbers of candidate keys >= a (> a when strict) and >= b.
+std::array<int64_t, 2> CountCandidates(const Candidates& cand, uint32_t a,
+                                       bool strict, uint32_t b) {
+  std::array<int64_t, 2> c = {0, 0};
+  for (uint32_t u : cand.keys) {
+    c[0] += strict ? u > a : u >= a;
+    c[1] += u >= b;
+  }
+  return c;
 }
 
 // Keeps, in order, the candidates whose key is >= thr (> thr when kStrict).
 template <bool kStrict>
 void Prune(uint32_t thr, Candidates* cand) {
-  const int64_t n = static_cast<int64_t>(cand->value.size());
+  const auto n = static_cast<int64_t>(cand->value.size());
   float* v = cand->value.data();
   int32_t* idx = cand->index.data();
+  uint32_t* key = cand->keys.data();
   int64_t out = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const uint32_t a = KeyOf(v[i]);
+    const uint32_t a = key[i];
     v[out] = v[i];
     idx[out] = idx[i];
+    key[out] = a;
     out += Passes<kStrict>(a, thr);
   }
   cand->value.resize(out);
   cand->index.resize(out);
+  cand->keys.resize(out);
 }
 
-// Exact top-k of the candidates (which hold every key >= the k-th largest):
-// the k-th largest key by radix selection, 11 + 11 + 10 bits at a time,
-// each pass over the keys that share the digits found so far.
+// Exact top-k of the candidates, which hold every key >= the k-th largest.
 SelectionPlan ExactTopK(Candidates* cand, int64_t k) {
-  std::vector<uint32_t>& keys = cand->radix;
-  keys.resize(cand->value.size());
-  std::transform(cand->value.begin(), cand->value.end(), keys.begin(),
-                 [](float v) { return KeyOf(v); });  // at most kInfKey
-  uint32_t prefix = 0;
-  int64_t need = k;  // rank of the k-th largest among the remaining keys
-  constexpr int kShifts[3] = {21, 10, 0};
-  constexpr int kWidths[3] = {11, 11, 10};
-  for (int pass = 0; pass < 3; ++pass) {
-    const int shift = kShifts[pass];
-    const uint32_t digits = (uint32_t{1} << kWidths[pass]) - 1;
-    std::vector<int64_t> hist(digits + 1, 0);
-    for (uint32_t u : keys) ++hist[(u >> shift) & digits];
-    uint32_t d = digits;
-    while (hist[d] < need) need -= hist[d--];  // sum of all hist >= need
-    prefix |= d << shift;
-    const uint32_t mask = ~uint32_t{0} << shift;
-    keys.erase(std::remove_if(keys.begin(), keys.end(),
-                              [&](uint32_t u) { return (u & mask) != prefix; }),
-               keys.end());
-  }
-  // need = how many keys equal to `prefix` the selection takes.
-  return ExactPlan(prefix, k - need, k);
+  const uint32_t v =
+      KthLargest<1>(cand->keys, cand->keys_top, {k}, &cand->bucket)[0];
+  return ExactPlan(v, CountCandidates(*cand, v, true, 0)[0], k);
 }
 
-// The bisection starts at ratio 1/2 and halves the ratio while counts stay
-// <= k, so its first rounds visit 1/2, 1/4, ..., 1/64: one pass counts all
-// six, and the first ratio whose count exceeds k bounds every later
-// threshold from below. The elements above it (typically a few per cent)
-// are compacted and the remaining rounds count on them.
-template <typename T, bool kStrict>
-SelectionPlan BisectionPlan(OpKernelContext* ctx, const T* x, int64_t n,
-                            int64_t k, TopKSampleMode mode, int rounds,
-                            int64_t seed, const Stats& st, Candidates* cand) {
-  CoarseKeys t;
-  float ratio = 1.0f;
-  for (int j = 0; j < kCoarse; ++j) {
-    ratio *= 0.5f;
-    t[j] = KeyOf(Threshold(st.mean, st.diff, ratio));
-  }
-  Blocks blocks(n, NumThreads(ctx));
-  double fraction = 0.0;
-  const int predicted = PredictLevel<T, kStrict>(
-      x, n, k, t, std::min(rounds, kCoarse), &fraction);
-  const auto counts = CountAndCompact<T, kStrict>(ctx, x, t, predicted,
-                                                  fraction, blocks, cand);
-  Bisection bis(mode, k, st.mean, st.diff);
-  int round = 0;
-  int level = -1;
-  for (; round < rounds && round < kCoarse && !bis.accepted(); ++round) {
-    bis.Update(TotalCount(counts, round));  // NextRatio() was 2^-(round+1)
-    if (bis.lo_ratio() > 0.0f) {
-      level = round;
-      ++round;
-      break;
-    }
-  }
-  if (level < 0 || predicted < 0 || level > predicted) {
-    cand->value.clear();
-    cand->index.clear();
-    Compact<T, kStrict>(ctx, x, counts, t, level, blocks, cand);
-  }  // else the fused pass already holds a superset of the candidates
-  for (; round < rounds && !bis.accepted(); ++round) {
-    bis.Update(CountPassing<kStrict>(ctx, cand->value, bis.NextKey()));
-    // Later thresholds and the final selection lie above the lowest count
-    // > k: drop what is below once that halves the candidates.
-    if (bis.has_lo() &&
-        2 * bis.lo_count() <= static_cast<int64_t>(cand->value.size())) {
-      Prune<kStrict>(KeyOf(bis.lo_thr()), cand);
-    }
-  }
-  if (mode == TopKSampleMode::kMsTopK) return MsTopKPlan(bis, n, k, seed);
-  if (bis.has_lo()) return ThresholdPlan(bis);
-  return ExactTopK(cand, k);  // no count above k: candidates are everything
+// The share of the sampled keys that are >= floor.
+double SampledShare(const Candidates& cand, int64_t floor) {
+  int64_t passing = 0;
+  for (uint32_t u : cand.sample) passing += u >= floor;
+  return static_cast<double>(passing) /
+         static_cast<double>(std::max<size_t>(1, cand.sample.size()));
 }
 
-// A threshold that, judged from the samples, about 1.5 k keys (plus three
-// standard deviations) exceed. False when there is no such prediction.
+// The selection of every mode rests on order statistics: trimmed top-k on
+// the k-th largest key, and the bisections of mstopk and threshold, which
+// BisectByOrder runs from the (k+1)-th and 2k-th largest keys, then on the
+// counts at its final thresholds. So one pass over the input computes the
+// statistics (not needed by trimmed top-k) and compacts every element whose
+// key is at least a floor F, and the rest runs on the candidates:
+//   - an order statistic of rank r is exact when at least r keys are
+//     candidates; otherwise it is below F, which decides every comparison
+//     with a threshold t >= F as well;
+//   - the bisection's selection takes the keys >= its final lo threshold
+//     (for mstopk, every key when there is none).
+// F is the sample's lower bound of the largest rank the mode reads (but
+// above 0: gradients may be mostly zeros). The lo
+// threshold lies within one step of the bisection's grid, diff 2^-rounds,
+// below the (k+1)-th key, so on most data the candidates hold it too. When
+// they do not decide or hold the selection (a coarse grid, as with one huge
+// outlier, or a misleading sample), the compaction is repeated at a lower
+// F, at worst 0 (every element).
 template <typename T>
-bool SampledThreshold(const T* x, int64_t n, int64_t k, uint32_t* thr,
-                      double* fraction) {
-  if (n < kMinSampled) return false;
-  std::vector<uint32_t> keys;
-  keys.reserve(kRuns * kRun);
-  for (int64_t r = 0; r < kRuns; ++r) {
-    const int64_t begin = RunBegin(n, r);
-    for (int64_t i = begin; i < begin + kRun; ++i) {
-      keys.push_back(ElementKey(x[i]));
-    }
-  }
-  const int64_t samples = static_cast<int64_t>(keys.size());
-  const double expect = static_cast<double>(k) * samples / n;
-  const auto rank = static_cast<int64_t>(
-      std::ceil(1.5 * expect + 3.0 * std::sqrt(expect) + 4.0));
-  if (rank >= samples) return false;
-  std::nth_element(keys.begin(), keys.begin() + rank, keys.end(),
-                   [](uint32_t a, uint32_t b) { return a > b; });
-  *thr = keys[rank];
-  *fraction = static_cast<double>(rank) / samples;
-  return true;
-}
-
-// Trimmed top-k is the exact top-k of the keys above the highest of the
-// ratios 0.8, 0.6, ..., 0 whose threshold at least k keys exceed; that is
-// the exact top-k whatever superset it is taken from. So the counting pass
-// also counts a threshold predicted from the samples to hold about 1.5 k
-// keys and compacts those; only when fewer than k keys exceed it (rare) is
-// the reference's ratio level compacted in another pass.
-template <typename T>
-SelectionPlan TrimmedPlan(OpKernelContext* ctx, const T* x, int64_t n,
-                          int64_t k, const Stats& st, Candidates* cand) {
-  static_assert(kTrimmedSteps < kCoarse, "a slot for the sampled threshold");
-  CoarseKeys t;
-  t.fill(kNoKey);
-  for (int j = 0; j < kTrimmedSteps; ++j) {
-    t[j] = KeyOf(Threshold(st.mean, st.diff, kTrimmedRatios[j]));
-  }
-  int sampled = -1;
-  double fraction = 0.0;
-  if (SampledThreshold(x, n, k, &t[kTrimmedSteps], &fraction)) {
-    sampled = kTrimmedSteps;
-  }
-  Blocks blocks(n, NumThreads(ctx));
-  const auto counts = CountAndCompact<T, true>(ctx, x, t, sampled, fraction,
-                                               blocks, cand);
-  if (sampled >= 0 && TotalCount(counts, sampled) >= k) {
-    return ExactTopK(cand, k);
-  }
-  int level = -1;  // none: every key is a candidate
-  for (int j = 0; j < kTrimmedSteps; ++j) {
-    if (TotalCount(counts, j) >= k) {
-      level = j;
-      break;
-    }
-  }
-  cand->value.clear();
-  cand->index.clear();
-  Compact<T, true>(ctx, x, counts, t, level, blocks, cand);
-  return ExactTopK(cand, k);
-}
-
-template <typename T>
-SelectionPlan PlanCpu(OpKernelContext* ctx, const T* x, int64_t n, int64_t k,
+SelectionPlan PlanCpu(OpKernelContext* ctx, const Input<T>& in, int64_t k,
                       TopKSampleMode mode, int rounds, int64_t seed,
-                      const Stats& st, Candidates* cand) {
-  switch (mode) {
-    case TopKSampleMode::kMsTopK:
-      return BisectionPlan<T, false>(ctx, x, n, k, mode, rounds, seed, st,
-                                     cand);
-    case TopKSampleMode::kThreshold:
-      return BisectionPlan<T, true>(ctx, x, n, k, mode, rounds, seed, st,
-                                    cand);
-    case TopKSampleMode::kTrimmed:
-      return TrimmedPlan<T>(ctx, x, n, k, st, cand);
+                      Candidates* cand) {
+  const int64_t n = in.n;
+  if (k == 0) {
+    if (in.residual != nullptr) Compact(ctx, in, false, kNoKey, 0.0, cand);
+    return SelectionPlan();
   }
-  return SelectionPlan();
+  const bool trimmed = mode == TopKSampleMode::kTrimmed;
+  const bool strict = mode == TopKSampleMode::kThreshold;
+  DrawSample(in, cand);
+  // Zeros are candidates only when the selection turns out to need them.
+  int64_t floor = std::max<int64_t>(
+      1, LowerBoundOfRank(
+             n, std::min(n, trimmed ? k : (strict && 2 * k <= n ? 2 * k : k + 1)),
+             cand));
+  const Stats st = Compact(ctx, in, !trimmed, static_cast<uint32_t>(floor),
+                           SampledShare(*cand, floor), cand);
+  const Input<T> data{in.data(), nullptr, nullptr, n};
+  for (;; Compact(ctx, data, false, static_cast<uint32_t>(floor),
+                  SampledShare(*cand, floor), cand)) {
+    const auto size = static_cast<int64_t>(cand->keys.size());
+    // Every rank <= n is a candidate at floor 0, so the loop ends there.
+    if (trimmed) {
+      if (size >= k) return ExactTopK(cand, k);
+      floor = 0;
+      continue;
+    }
+    // The (k+1)-th and 2k-th largest keys (mstopk reads only the first):
+    // exact when candidates, kNoRank beyond n, else below the floor, which
+    // floor - 1 stands for.
+    const std::array<int64_t, 2> ranks = {k + 1, strict ? 2 * k : k + 1};
+    std::array<int64_t, 2> v = {kNoRank, kNoRank};
+    bool exact = true;
+    if (size > 0) {
+      const auto kth = KthLargest<2>(
+          cand->keys, cand->keys_top,
+          {std::min(ranks[0], size), std::min(ranks[1], size)}, &cand->bucket);
+      for (int j = 0; j < 2; ++j) {
+        if (ranks[j] <= size) v[j] = kth[j];
+      }
+    }
+    for (int j = 0; j < 2; ++j) {
+      if (ranks[j] <= n && ranks[j] > size) {
+        v[j] = floor - 1;
+        exact = false;
+      }
+    }
+    if (!strict) v[1] = kNoRank;
+    const BisectionEnd e =
+        BisectByOrder(mode, st.mean, st.diff, rounds, v[0], v[1]);
+    if (!exact && e.lowest < floor) {  // a comparison it could not decide
+      floor = e.lowest;
+      continue;
+    }
+    if (e.has_lo && e.lo < floor) {
+      floor = e.lo;
+      continue;
+    }
+    if (!e.has_lo && floor > 0 && (!strict || size < k)) {
+      floor = 0;
+      continue;
+    }
+    if (strict) {
+      if (!e.has_lo) return ExactTopK(cand, k);
+      return ThresholdPlan(e, CountCandidates(*cand, e.lo, true, 0)[0]);
+    }
+    const auto c = CountCandidates(*cand, e.has_hi ? e.hi : kNoKey, false,
+                                   e.has_lo ? e.lo : 0);
+    return MsTopKPlan(e, c[0], e.has_lo ? c[1] : n, n, k, seed);
+  }
 }
 
 // Writes the plan's selection from the candidates, in index order.
@@ -715,7 +659,7 @@ absl::Status Extract(const T* x, const SelectionPlan& p, Candidates* cand_p,
   const int64_t band_end = p.start + p.need;
   const int64_t size = static_cast<int64_t>(cand.value.size());
   for (int64_t c = 0; c < size; ++c) {
-    const uint32_t a = KeyOf(cand.value[c]);
+    const uint32_t a = cand.keys[c];
     bool take;
     if (IsAbove(p, a)) {
       take = true;
@@ -803,7 +747,8 @@ class TopKSampleOpBase : public OpKernel {
 
  protected:
   // Lends the kernel's kept Candidates for one Compute (a concurrent call
-  // gets fresh ones) and takes them back, emptied but with their capacity.
+  // gets fresh ones) and takes them back with their capacity, or fresh ones
+  // when they hold more than kKeptBytes.
   class CandidateLease {
    public:
     explicit CandidateLease(TopKSampleOpBase* op) : op_(op) {
@@ -812,8 +757,7 @@ class TopKSampleOpBase : public OpKernel {
       if (cand_ == nullptr) cand_ = std::make_unique<Candidates>();
     }
     ~CandidateLease() {
-      cand_->value.clear();
-      cand_->index.clear();
+      if (cand_->Bytes() > kKeptBytes) cand_ = std::make_unique<Candidates>();
       std::lock_guard<std::mutex> lock(op_->mu_);
       op_->kept_ = std::move(cand_);
     }
@@ -864,31 +808,27 @@ class TopKSampleOp : public TopKSampleOpBase {
     int64_t k = 0, seed = 0;
     OP_REQUIRES_OK(ctx, ValidateArgs<Tk>(n, ctx->input(1 + extra),
                                          ctx->input(2 + extra), &k, &seed));
-    const T* xp = x.flat<T>().data();
-    T* zero = nullptr;  // where the selected entries are zeroed, if anywhere
-    Stats st;
+    Input<T> in{x.flat<T>().data(), nullptr, nullptr, n};
     if (kWithResidual) {
       const Tensor& r = ctx->input(1);
       Tensor* acc = nullptr;
       OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
                               {1}, 2, r.shape(), &acc));
-      zero = acc->flat<T>().data();
-      st = AddAndComputeStats(ctx, xp, r.flat<T>().data(), zero, n);
-      xp = zero;
-    } else if (k > 0) {
-      st = ComputeStats(ctx, xp, n);
+      in.residual = r.flat<T>().data();
+      in.acc = acc->flat<T>().data();
     }
     CandidateLease lease(this);
     Candidates& cand = *lease.get();
-    SelectionPlan plan;
-    if (k > 0) plan = PlanCpu(ctx, xp, n, k, mode_, rounds_, seed, st, &cand);
+    const SelectionPlan plan =
+        PlanCpu(ctx, in, k, mode_, rounds_, seed, &cand);
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
     OP_REQUIRES_OK(ctx,
                    AllocateSelection(ctx, plan.output_size, &values, &indices));
     if (plan.output_size == 0) return;
-    OP_REQUIRES_OK(ctx, Extract(xp, plan, &cand, values->flat<T>().data(),
-                                indices->flat<int32_t>().data(), zero));
+    OP_REQUIRES_OK(ctx, Extract(in.data(), plan, &cand,
+                                values->flat<T>().data(),
+                                indices->flat<int32_t>().data(), in.acc));
   }
 };
 

@@ -5,12 +5,14 @@
 // (custom_ops/cuda_harness/) both link it as is.
 //
 // Plan: statistics in one pass (per-block partials combined on the host in
-// block order, so the mean is deterministic), then one counting pass per
-// bisection round (a device-wide atomic count copied back to the host), then
-// one ordered write: per-tile counts, an exclusive scan on the host, and a
-// kernel that writes every selected element at its rank. Trimmed top-k (and
-// the threshold search's exact fallback) finds the k-th largest key with a
-// bisection over the keys. Keys are compared as integers (the header says
+// block order, so the mean is deterministic); the (k+1)-th and, for the
+// threshold search, 2k-th largest keys by a bisection over the keys (one
+// counting pass and one copy to the host per round); the bisection on ratio
+// from those (BisectByOrder, no pass); the counts at its final thresholds;
+// then one ordered write: per-tile counts, an exclusive scan on the host,
+// and a kernel that writes every selected element at its rank. Trimmed
+// top-k (and the threshold search's exact fallback) finds the k-th largest
+// key the same way. Keys are compared as integers (the header says
 // why), so that neither -ftz=true device code nor a host thread that
 // flushes denormals changes a result. Grid sizes come from the device's
 // multiprocessor count and maximum grid size.
@@ -356,23 +358,38 @@ class Counter {
   int grid_;
 };
 
-// k-th largest key by bisection over the keys (count(>= 0) = n >= k).
+// The r-th largest key (1 <= r <= n) by bisection over the keys (count(>=
+// 0) = n >= r); -1 on a CUDA error.
 template <typename T>
-int ExactPlanGpu(Counter<T>& count, int64_t k, SelectionPlan* plan) {
-  uint32_t lo = 0, hi = kInfKey;  // count(>= lo) >= k holds at lo = 0
+int64_t KthLargestKey(Counter<T>& count, int64_t r) {
+  uint32_t lo = 0, hi = kInfKey;  // count(>= lo) >= r holds at lo = 0
   while (lo < hi) {
     const uint32_t mid = lo + (hi - lo + 1) / 2;
     const int64_t c = count(mid, false);
-    if (c < 0) return static_cast<int>(cudaErrorUnknown);
-    if (c >= k) {
+    if (c < 0) return -1;
+    if (c >= r) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
-  const int64_t greater = count(lo, true);
+  return lo;
+}
+
+// The r-th largest key, kNoRank when r > n; false on a CUDA error.
+template <typename T>
+bool RankKey(Counter<T>& count, int64_t n, int64_t r, int64_t* key) {
+  *key = r > n ? kNoRank : KthLargestKey(count, r);
+  return r > n || *key >= 0;
+}
+
+template <typename T>
+int ExactPlanGpu(Counter<T>& count, int64_t k, SelectionPlan* plan) {
+  const int64_t v = KthLargestKey(count, k);
+  if (v < 0) return static_cast<int>(cudaErrorUnknown);
+  const int64_t greater = count(static_cast<uint32_t>(v), true);
   if (greater < 0) return static_cast<int>(cudaErrorUnknown);
-  *plan = ExactPlan(lo, greater, k);
+  *plan = ExactPlan(static_cast<uint32_t>(v), greater, k);
   return 0;
 }
 
@@ -412,18 +429,21 @@ int PlanTyped(const T* x, int64_t n, int64_t k, TopKSampleMode mode,
   if (fin == 0) mx = 0.0f;
   const float diff = Diff(mx, mean);
   const bool strict = mode == TopKSampleMode::kThreshold;
-  Bisection bis(mode, k, mean, diff);
-  for (int r = 0; r < rounds && !bis.accepted(); ++r) {
-    const int64_t c = count(bis.NextKey(), strict);
-    if (c < 0) return static_cast<int>(cudaErrorUnknown);
-    bis.Update(c);
+  int64_t v1 = kNoRank, v2 = kNoRank;
+  if (!RankKey(count, n, k + 1, &v1) ||
+      (strict && !RankKey(count, n, 2 * k, &v2))) {
+    return static_cast<int>(cudaErrorUnknown);
   }
+  const BisectionEnd e = BisectByOrder(mode, mean, diff, rounds, v1, v2);
+  const int64_t lo_count = e.has_lo ? count(e.lo, strict) : n;
+  const int64_t hi_count = e.has_hi ? count(e.hi, strict) : 0;
+  if (lo_count < 0 || hi_count < 0) return static_cast<int>(cudaErrorUnknown);
   if (mode == TopKSampleMode::kMsTopK) {
-    *plan = MsTopKPlan(bis, n, k, seed);
+    *plan = MsTopKPlan(e, hi_count, lo_count, n, k, seed);
     return 0;
   }
-  if (bis.has_lo()) {
-    *plan = ThresholdPlan(bis);
+  if (e.has_lo) {
+    *plan = ThresholdPlan(e, lo_count);
     return 0;
   }
   return ExactPlanGpu(count, k, plan);

@@ -28,6 +28,7 @@
 #ifndef TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_KERNELS_H_
 #define TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_KERNELS_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -117,109 +118,94 @@ inline float Threshold(float mean, float diff, float ratio) {
   return mean + step;  // 0 or normal: no float mode changes the sum
 }
 
-// The bisection of MSTopK (counts of key >= thr) and of RedSync's threshold
-// search (counts of key > thr). Drive it with NextThreshold()/Update().
-class Bisection {
- public:
-  Bisection(TopKSampleMode mode, int64_t k, float mean, float diff)
-      : mode_(mode), k_(k), mean_(mean), diff_(diff) {}
+// The r-th largest key of the input (1-based), or kNoRank when r > n.
+constexpr int64_t kNoRank = -1;
 
-  float NextRatio() const { return (lo_ + hi_) * 0.5f; }
-  float NextThreshold() const { return Threshold(mean_, diff_, NextRatio()); }
-  uint32_t NextKey() const { return KeyOf(NextThreshold()); }
-
-  // Feeds the count at NextThreshold().
-  void Update(int64_t count) {
-    const float ratio = NextRatio();
-    const float thr = Threshold(mean_, diff_, ratio);
-    if (mode_ == TopKSampleMode::kThreshold) {
-      if (count <= k_) {
-        hi_ = ratio;
-      } else if (count >= 2 * k_) {
-        lo_ = ratio;
-        if (!has_lo_ || count < lo_count_) Lo(thr, count);
-      } else {
-        accepted_ = true;
-        lo_ = ratio;
-        Lo(thr, count);
-      }
-      return;
-    }
-    if (count <= k_) {
-      hi_ = ratio;
-      if (!has_hi_ || count > hi_count_) {
-        has_hi_ = true;
-        hi_thr_ = thr;
-        hi_count_ = count;
-      }
-    } else {
-      lo_ = ratio;
-      if (!has_lo_ || count < lo_count_) Lo(thr, count);
-    }
-  }
-
-  bool accepted() const { return accepted_; }
-  bool has_hi() const { return has_hi_; }
-  float hi_thr() const { return hi_thr_; }
-  int64_t hi_count() const { return hi_count_; }
-  bool has_lo() const { return has_lo_; }
-  float lo_thr() const { return lo_thr_; }
-  int64_t lo_count() const { return lo_count_; }
-  float lo_ratio() const { return lo_; }
-  float hi_ratio() const { return hi_; }
-
- private:
-  void Lo(float thr, int64_t count) {
-    has_lo_ = true;
-    lo_thr_ = thr;
-    lo_count_ = count;
-  }
-
-  TopKSampleMode mode_;
-  int64_t k_;
-  float mean_;
-  float diff_;
-  float lo_ = 0.0f;
-  float hi_ = 1.0f;
-  bool accepted_ = false;
-  bool has_hi_ = false;
-  float hi_thr_ = 0.0f;
-  int64_t hi_count_ = 0;
-  bool has_lo_ = false;
-  float lo_thr_ = 0.0f;
-  int64_t lo_count_ = 0;
+// Where the bisection of MSTopK or of RedSync's threshold search ends: the
+// last thresholds (as keys) at which the count was <= k (hi) and > k (lo),
+// and whether a threshold search round was accepted (k < count < 2k).
+struct BisectionEnd {
+  bool accepted = false;
+  bool has_hi = false;
+  uint32_t hi = 0;
+  bool has_lo = false;
+  uint32_t lo = 0;
+  uint32_t lowest = kNoKey;  // the lowest threshold visited
 };
+
+// The bisection on ratio in [0, 1] from 1/2 for `rounds` rounds (stopping
+// when a threshold search round is accepted), run on two order statistics
+// instead of counts: with v1 the (k+1)-th and v2 the 2k-th largest key
+// (kNoRank when there is no such rank),
+//   MSTopK:    count(key >= t) > k   iff  t <= v1,
+//   threshold: count(key > t) > k    iff  t < v1,
+//              count(key > t) >= 2k  iff  t < v2.
+// So the rounds need no pass over the data. Thresholds only fall after a
+// count <= k and only rise after one > k, so the last hi (lo) visited has
+// the largest (smallest) count; where the reference keeps the first of
+// equal counts instead, the two thresholds pass the same keys (nested sets
+// of equal size), so the selection is the same.
+inline BisectionEnd BisectByOrder(TopKSampleMode mode, float mean, float diff,
+                                  int rounds, int64_t v1, int64_t v2) {
+  BisectionEnd e;
+  float lo = 0.0f, hi = 1.0f;
+  for (int round = 0; round < rounds && !e.accepted; ++round) {
+    const float ratio = (lo + hi) * 0.5f;
+    const uint32_t t = KeyOf(Threshold(mean, diff, ratio));
+    const int64_t key = t;
+    e.lowest = std::min(e.lowest, t);
+    bool above_k;  // the count at t exceeds k
+    if (mode == TopKSampleMode::kThreshold) {
+      above_k = key < v1;
+      e.accepted = above_k && !(key < v2);
+    } else {
+      above_k = key <= v1;
+    }
+    if (above_k) {
+      lo = ratio;
+      e.has_lo = true;
+      e.lo = t;
+    } else {
+      hi = ratio;
+      e.has_hi = true;
+      e.hi = t;
+    }
+  }
+  return e;
+}
 
 // Whether `key` is in the plan's above set.
 inline bool IsAbove(const SelectionPlan& p, uint32_t key) {
   return p.has_above && (p.above_strict ? key > p.above : key >= p.above);
 }
 
-// Plan for MSTopK after the bisection; `n` is the number of elements.
-inline SelectionPlan MsTopKPlan(const Bisection& b, int64_t n, int64_t k,
+// Plan for MSTopK after the bisection, given the counts of keys >= e.hi
+// (when e.has_hi) and >= e.lo (when e.has_lo); `n` elements.
+inline SelectionPlan MsTopKPlan(const BisectionEnd& e, int64_t hi_count,
+                                int64_t lo_count, int64_t n, int64_t k,
                                 int64_t seed) {
   SelectionPlan p;
-  p.has_above = b.has_hi();
-  p.above = KeyOf(b.hi_thr());
-  p.above_count = b.has_hi() ? b.hi_count() : 0;
-  p.has_band_lo = b.has_lo();
-  p.band_lo = KeyOf(b.lo_thr());
-  const int64_t band = (b.has_lo() ? b.lo_count() : n) - p.above_count;
+  p.has_above = e.has_hi;
+  p.above = e.hi;
+  p.above_count = e.has_hi ? hi_count : 0;
+  p.has_band_lo = e.has_lo;
+  p.band_lo = e.lo;
+  const int64_t band = (e.has_lo ? lo_count : n) - p.above_count;
   p.need = k - p.above_count;
   p.start = SliceStart(seed, band - p.need);
   p.output_size = k;
   return p;
 }
 
-// Plan for the threshold search when a count > k was seen (accepted or not):
-// everything with key > lo_thr.
-inline SelectionPlan ThresholdPlan(const Bisection& b) {
+// Plan for the threshold search when a count > k was seen (accepted or
+// not): the `lo_count` keys > e.lo.
+inline SelectionPlan ThresholdPlan(const BisectionEnd& e, int64_t lo_count) {
   SelectionPlan p;
   p.has_above = true;
   p.above_strict = true;
-  p.above = KeyOf(b.lo_thr());
-  p.above_count = b.lo_count();
-  p.output_size = b.lo_count();
+  p.above = e.lo;
+  p.above_count = lo_count;
+  p.output_size = lo_count;
   return p;
 }
 
@@ -238,11 +224,6 @@ inline SelectionPlan ExactPlan(uint32_t v, int64_t greater, int64_t k) {
   p.output_size = k;
   return p;
 }
-
-// Ratios of the trimmed top-k candidate search, highest first.
-constexpr int kTrimmedSteps = 5;
-constexpr float kTrimmedRatios[kTrimmedSteps] = {0.8f, 0.6f, 0.4f, 0.2f,
-                                                 0.0f};
 
 // ---------------------------------------------------------------------------
 // CUDA launchers (defined in *.cu.cc; declared here so that the TF glue and
