@@ -17,4 +17,13 @@ echo "[setup] installing TensorFlow and tfgc[cpu,demo,models,test] (first time: 
 # without build isolation.
 "${pip[@]}" "tensorflow-cpu>=2.21,<2.22"
 "${pip[@]}" --no-build-isolation -e ".[cpu,demo,models,test]"
+# With TFGC_REQUIRE_CUDA_CHECKS=1 (.ci/run sets it), also the CUDA 12.5
+# headers that TensorFlow 2.21's GPU build was compiled with (23 MB from
+# PyPI; the nvcc package for its crt/ headers, it has no nvcc), so that the
+# tests compile the kernels' GOOGLE_CUDA glue (tests/test_cuda_build.py).
+if [ "${TFGC_REQUIRE_CUDA_CHECKS:-0}" = 1 ]; then
+  echo "[setup] installing CUDA 12 headers for the GOOGLE_CUDA compile check"
+  "${pip[@]}" "nvidia-cuda-runtime-cu12==12.5.82" \
+    "nvidia-cuda-nvcc-cu12==12.5.82"
+fi
 .venv/bin/python -c "import tfgc; print('[setup] done; compiled custom ops in use:', tfgc.ops.using_custom_ops())"

@@ -6,6 +6,12 @@ it is missing or fails to load, every op in `tfgc.ops` runs its pure-TF
 reference and one warning says why. `TFGC_DISABLE_CUSTOM_OPS=1` forces the
 reference (read at every call, so tests can flip it).
 
+When TensorFlow is a CUDA build and sees a GPU but the library has no GPU
+kernels (it was built without nvcc, or with tensorflow-cpu), one warning
+says so when the library loads: TensorFlow would silently run every tfgc op
+on the CPU. The check asks TensorFlow's kernel registry first and lists the
+GPUs only then, so CPU builds of TensorFlow never initialise a GPU here.
+
 While XLA compiles the graph being traced (`compiling_with_xla`), the
 compiled ops are not used either: they have no XLA kernels. The choice is
 made in Python while tracing, so it adds nothing to the graph.
@@ -60,6 +66,12 @@ def _load() -> types.ModuleType | None:
             else:
                 _register_no_gradients(module)
                 _state["module"] = module
+                try:
+                    cpu_only = cpu_only_on_gpu_warning(module)
+                except Exception as e:  # noqa: BLE001 - ops work regardless
+                    cpu_only = f"tfgc: could not look for GPU kernels: {e!r}"
+                if cpu_only:
+                    warnings.warn(cpu_only, RuntimeWarning, stacklevel=3)
                 return module
         warnings.warn(
             "tfgc: custom ops are not available "
@@ -71,16 +83,66 @@ def _load() -> types.ModuleType | None:
         return None
 
 
+def _op_names(module: types.ModuleType) -> list[str]:
+    """The ops of the library, as registered ("Tfgc>TopKSample")."""
+    # The generated module exposes each op `Tfgc>Name` as `Tfgc_Name`.
+    prefix = "Tfgc_"
+    return [
+        "Tfgc>" + attr[len(prefix) :]
+        for attr in dir(module)
+        if attr.startswith(prefix)
+    ]
+
+
 def _register_no_gradients(module: types.ModuleType) -> None:
     """Marks every op of the library as not differentiable (idempotent)."""
-    # The generated module exposes each op `Tfgc>Name` as `Tfgc_Name`.
-    for attr in dir(module):
-        if not attr.startswith("Tfgc_"):
-            continue
+    for op in _op_names(module):
         try:
-            tf.no_gradient("Tfgc>" + attr[len("Tfgc_") :])
+            tf.no_gradient(op)
         except KeyError:  # already registered, e.g. by another module
             pass
+
+
+def ops_with_gpu_kernels(ops: list[str]) -> list[str]:
+    """Those of `ops` with a GPU kernel registered (asks no device)."""
+    from tensorflow.python.framework import kernels  # noqa: PLC0415
+
+    return [
+        op
+        for op in ops
+        if any(
+            k.device_type == "GPU"
+            for k in kernels.get_registered_kernels_for_op(op).kernel
+        )
+    ]
+
+
+def cpu_only_on_gpu_warning(module: types.ModuleType) -> str | None:
+    """The warning for a CPU-only library in a process with a GPU, or None.
+
+    None unless TensorFlow is a CUDA build, none of the library's ops has a
+    GPU kernel, and TensorFlow sees a GPU (asked last, so that CPU builds
+    of TensorFlow and libraries with GPU kernels initialise no GPU).
+    """
+    info = tf.sysconfig.get_build_info()
+    if not info.get("is_cuda_build", False):
+        return None
+    ops = _op_names(module)
+    if not ops or ops_with_gpu_kernels(ops):
+        return None
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    cuda = info.get("cuda_version", "?")
+    return (
+        f"tfgc: TensorFlow (a CUDA {cuda} build) sees {len(gpus)} GPU(s), "
+        f"but tfgc's compiled ops ({LIBRARY_PATH}) have no GPU kernels, so "
+        "TensorFlow runs every tfgc op on the CPU and copies the gradients "
+        "to the host and back at every step. Rebuild them with CUDA: "
+        "`python -m custom_ops.build --cuda=on` in the tfgc source tree "
+        f"(needs nvcc {str(cuda).split('.')[0]}.x; the command says what is "
+        "missing)."
+    )
 
 
 def compiling_with_xla() -> bool:
