@@ -904,6 +904,12 @@ inline double atomicAdd(double* address, double value) {
   return tfgc::emu::AtomicAdd(address, value);
 }
 
+// Bit counts of the CUDA math API (__clzll(0) is 64, as on the device).
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __clzll(long long x) {
+  return x == 0 ? 64 : __builtin_clzll(static_cast<unsigned long long>(x));
+}
+
 // ---------------------------------------------------------------------------
 // Half and bfloat16: the bit layouts of cuda_fp16.h / cuda_bf16.h with the
 // conversions the kernels use, rounding to nearest even as the device does

@@ -147,17 +147,21 @@ int tfgc_unpack_bits_vote(int dtype, const int32_t* words, int64_t p,
   return tfgc::gpu::UnpackBitsVote(dtype, words, p, n, out, nullptr);
 }
 
-// out[n] = sum of values[i] at indices[i] (m pairs). The caller passes the
-// float32 accumulator `acc` (n elements; null for float32) and the 4-byte
-// `scratch` flag as their own device buffers, so that the emulation's guard
-// pages catch an access past either. *bad_position gets -1, or the first i
-// with indices[i] outside [0, n) and *bad_index that index.
+// out[n] = sum of values[i] at indices[i] (m pairs), through `scratch` of
+// tfgc_scatter_add_sum_scratch_bytes(m) bytes, a device buffer of its own
+// so that the emulation's guard page catches an access past it.
+// *bad_position gets -1, or the first i with indices[i] outside [0, n) and
+// *bad_index that index.
+int64_t tfgc_scatter_add_sum_scratch_bytes(int64_t m) {
+  return tfgc::gpu::ScatterAddSumScratchBytes(m);
+}
+
 int tfgc_scatter_add_sum(int dtype, const void* values,
                          const int32_t* indices, int64_t m, int64_t n,
-                         void* out, float* acc, void* scratch,
-                         int64_t* bad_position, int32_t* bad_index) {
-  return tfgc::gpu::ScatterAddSum(dtype, values, indices, m, n, out, acc,
-                                  scratch, nullptr, bad_position, bad_index);
+                         void* out, void* scratch, int64_t* bad_position,
+                         int32_t* bad_index) {
+  return tfgc::gpu::ScatterAddSum(dtype, values, indices, m, n, out, scratch,
+                                  nullptr, bad_position, bad_index);
 }
 
 // GolombEncode of k int32 or int64 indices (index_int64) in [0, n): sizes
@@ -189,9 +193,15 @@ int tfgc_golomb_encode(int index_int64, const void* indices, int64_t k,
                                       nullptr);
 }
 
-// GolombDecode of k positions below `limit`; error[3] as the launcher's.
+// GolombDecode of k positions below `limit` through `scratch` of
+// tfgc_golomb_decode_scratch_bytes(num_bytes, b) bytes; error[3] as the
+// launcher's.
+int64_t tfgc_golomb_decode_scratch_bytes(int64_t num_bytes, int b) {
+  return tfgc::gpu::GolombDecodeScratchBytes(num_bytes, b);
+}
+
 int tfgc_golomb_decode(const uint8_t* encoded, int64_t num_bytes, int64_t k,
-                       int b, int64_t limit, int32_t* out, int64_t* scratch,
+                       int b, int64_t limit, int32_t* out, void* scratch,
                        int64_t* error) {
   return tfgc::gpu::GolombDecode(encoded, num_bytes, k, b, limit, out,
                                  scratch, nullptr, error);

@@ -175,8 +175,10 @@ class Harness:
         self.lib.tfgc_unpack_bits.argtypes = [vp, i64, i64, vp]
         self.lib.tfgc_unpack_bits_sum.argtypes = [i32, vp, vp, i64, i64, vp]
         self.lib.tfgc_unpack_bits_vote.argtypes = [i32, vp, i64, i64, vp]
+        self.lib.tfgc_scatter_add_sum_scratch_bytes.argtypes = [i64]
+        self.lib.tfgc_scatter_add_sum_scratch_bytes.restype = i64
         self.lib.tfgc_scatter_add_sum.argtypes = [
-            i32, vp, vp, i64, i64, vp, vp, vp, ctypes.POINTER(i64),
+            i32, vp, vp, i64, i64, vp, vp, ctypes.POINTER(i64),
             ctypes.POINTER(ctypes.c_int32),
         ]  # fmt: skip
         self.lib.tfgc_golomb_encode_scratch_bytes.argtypes = [i64]
@@ -185,6 +187,8 @@ class Harness:
         self.lib.tfgc_golomb_encode.argtypes = [
             i32, vp, i64, i64, i32, vp, vp, i64, vp, i64, p64, p64, p64, p64,
         ]  # fmt: skip
+        self.lib.tfgc_golomb_decode_scratch_bytes.argtypes = [i64, i32]
+        self.lib.tfgc_golomb_decode_scratch_bytes.restype = i64
         self.lib.tfgc_golomb_decode.argtypes = [
             vp, i64, i64, i32, i64, vp, vp, vp,
         ]  # fmt: skip
@@ -320,21 +324,21 @@ class Harness:
     def scatter_add_sum(self, values, indices, n: int, dtype: str):
         """(out [n] of values' dtype, first bad position or -1, its index).
 
-        The float32 accumulator (not for float32) and the 4-byte flag are
-        buffers of their own, so the guard pages catch accesses past them.
+        The scratch is a buffer of its own, so that the guard page catches
+        accesses past it.
         """
+        m = indices.size
         d_v, d_i = self.to_device(values), self.to_device(indices)
         d_o = self.alloc(n * values.itemsize)
-        d_a = None if dtype == "float32" else self.alloc(n * 4)
-        d_s = self.alloc(4)
+        d_s = self.alloc(self.lib.tfgc_scatter_add_sum_scratch_bytes(m))
         pos, index = ctypes.c_int64(-2), ctypes.c_int32(0)
         err = self.lib.tfgc_scatter_add_sum(
-            DTYPES.index(dtype), d_v, d_i, indices.size, n, d_o, d_a, d_s,
+            DTYPES.index(dtype), d_v, d_i, m, n, d_o, d_s,
             ctypes.byref(pos), ctypes.byref(index),
         )  # fmt: skip
         self.check(err, "scatter_add_sum")
         out = self.to_host(d_o, [n], values.dtype)
-        self.free(d_v, d_i, d_o, d_s, *([d_a] if d_a is not None else []))
+        self.free(d_v, d_i, d_o, d_s)
         return out, pos.value, index.value
 
     def golomb_encode(self, indices: np.ndarray, n: int, b: int, bits: int):
@@ -359,7 +363,9 @@ class Harness:
     def golomb_decode(self, data: np.ndarray, k: int, b: int, limit: int):
         """(positions [k], (error kind, code, value))."""
         d_e, d_o = self.to_device(data), self.alloc(k * 4)
-        d_s = self.alloc(3 * 8)
+        d_s = self.alloc(
+            self.lib.tfgc_golomb_decode_scratch_bytes(data.size, b)
+        )
         error = np.full(3, -2, np.int64)
         err = self.lib.tfgc_golomb_decode(
             d_e, data.size, k, b, limit, d_o, d_s, error.ctypes.data
@@ -491,6 +497,23 @@ def decode_inputs(rng):
         for last in (100 << b, 101 << b):
             data, _ = np_golomb_encode(np.array([last]), b)
             yield f"unary edge {last=} {b=}", data, 1, b, 100 << b
+    # Over many chunks (512 bits) and groups (256 chunks) of the CUDA
+    # decoder: errors deep in the stream, unary parts across chunks, bytes
+    # that are no stream at all.
+    idx = np.sort(rng.choice(2_000_000, 20_000, replace=False))
+    for b in (0, 6, 31):
+        data, _ = np_golomb_encode(idx, b)
+        yield f"many chunks k+1 codes {b=}", data, idx.size + 1, b, 2_000_000
+        limit = int(idx[12_345])
+        yield f"many chunks limit {limit} {b=}", data, idx.size, b, limit
+    for b, last, limit in ((0, 5010, 3000), (0, 2000, 1990), (3, 40_000, 8000)):
+        data, _ = np_golomb_encode(np.array([10, last]), b)
+        yield f"long unary {last=} {limit=} {b=}", data, 2, b, limit
+    for b in (0, 3, 31):
+        noise = rng.integers(0, 256, 20_000).astype(np.uint8)
+        k = noise.size * 8 // (b + 2)
+        yield f"random bytes {b=}", noise, k, b, 2**31
+        yield f"random bytes {b=} limit 10^5", noise, k, b, 100_000
     yield "all ones", np.full(40, 0xFF, np.uint8), 1, 2, 2**31
     yield "empty stream", np.zeros(0, np.uint8), 1, 0, 10
     top, _ = np_golomb_encode(np.array([2**31 - 1]), 31)
@@ -722,62 +745,74 @@ def check_bits(h: Harness, sizes, setup, verbose) -> int:
     return failures
 
 
-def f32_toward(x: np.ndarray, up: bool) -> np.ndarray:
-    """float64 -> float32 rounded toward +inf (`up`) or -inf."""
-    with np.errstate(over="ignore"):
-        y = x.astype(np.float32)
-    wrong = y.astype(np.float64) < x if up else y.astype(np.float64) > x
-    toward = np.float32(np.inf if up else -np.inf)
-    y[wrong] = np.nextafter(y[wrong], toward)
-    return y
+def flush_subnormals(x: np.ndarray) -> np.ndarray:
+    """float32 subnormals as zeros of their sign (FTZ and DAZ)."""
+    tiny = np.abs(x) < np.finfo(np.float32).tiny
+    return np.where(tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
 
 
-def scatter_bounds(values, indices, n: int, dtype: str):
-    """The numpy oracle of ScatterAddSum: (low, high, float64 sum, count).
+def np_scatter_add_sum(values, indices, n: int, dtype: str) -> np.ndarray:
+    """The numpy oracle of ScatterAddSum, in `dtype`'s representation.
 
-    The kernel adds the k values of an element with float32 atomicAdd in
-    an order the scheduler picks, then rounds once to `dtype`. Any order of
-    k - 1 float32 additions is within g(k - 1) * sum |x| of the exact sum,
-    g(j) = j u / (1 - j u) with u = 2^-24; the float64 oracle sum s is
-    within g(k - 1) * sum |x| of it with u = 2^-53; atomicAdd on global
-    memory flushes float32 subnormal inputs and results to zero (at most
-    2^-126 each, per addition). So the device's float32 sum is within E,
-    the sum of these, of s and, rounding being monotone, the result lies in
-    [low, high] = [round(down32(s - E)), round(up32(s + E))]: one value of
-    `dtype` when E is small (exact for one value or none), a band of
-    (k - 1) float32 ulps of sum |x| for float32, about one ulp of float16
-    or bfloat16 (more under cancellation). Where a value is infinite or NaN, low
-    and high are s (+-inf or NaN). `count` is k.
+    Each element is the float32 sum of its values in input order, from +0
+    and left to right, with every addend and partial sum flushed to zero
+    when subnormal (TensorFlow's CPU threads run with FTZ and DAZ, and the
+    CUDA kernel flushes to give the CPU kernel's bits), rounded once to
+    `dtype`. The runs of a stable sort by index are added up one rank at a
+    time, all elements at once.
     """
-    x = as_float32(values, dtype).astype(np.float64)
-    s, mag = np.zeros(n), np.zeros(n)
-    with np.errstate(invalid="ignore"):  # inf - inf
-        np.add.at(s, indices, x)
-    np.add.at(mag, indices, np.abs(x))
-    k = np.bincount(indices, minlength=n).astype(np.float64)
-    finite = np.isfinite(mag)
-    mag[~finite] = 0
-    j = np.maximum(k - 1, 0)
-    g32, g64 = j * 2.0**-24, j * 2.0**-53
-    err = mag * (g32 / (1 - g32) + g64 / (1 - g64)) + k * 2.0**-125
-    low = f32_toward(np.where(finite, s - err, 0), up=False)
-    high = f32_toward(np.where(finite, s + err, 0), up=True)
-    low[~finite] = high[~finite] = s[~finite]
-    if dtype != "float32":
-        low, high = (
-            as_float32(to_dtype(low, dtype), dtype),
-            as_float32(to_dtype(high, dtype), dtype),
-        )
-    return low, high, s, k
+    out = np.zeros(n, np.float32)
+    if indices.size == 0:
+        return to_dtype(out, dtype)
+    x = flush_subnormals(as_float32(values, dtype))
+    order = np.argsort(indices, kind="stable")
+    idx, x = indices[order], x[order]
+    heads = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+    lengths = np.diff(np.r_[heads, idx.size])
+    sums = np.zeros(heads.size, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf, inf - inf
+        for rank in range(int(lengths.max(initial=0))):
+            live = lengths > rank
+            sums[live] = flush_subnormals(sums[live] + x[heads[live] + rank])
+    out[idx[heads]] = sums
+    return to_dtype(out, dtype)
 
 
 def scatter_matches(got, values, indices, n: int, dtype: str) -> bool:
-    """Whether the kernel's output `got` is in the oracle's bounds, NaN
-    where the sum is, and +0 where no index points."""
-    low, high, s, k = scatter_bounds(values, indices, n, dtype)
-    y = as_float32(got, dtype)
-    in_range = (low <= y) & (y <= high) | np.isnan(s) & np.isnan(y)
-    return bool(np.all(in_range) and not np.any(got[k == 0].view(np.uint8)))
+    """Whether the kernel's output has the oracle's bits (any NaN where the
+    oracle's is NaN: the CPU kernel and the device round NaN differently)."""
+    want = np_scatter_add_sum(values, indices, n, dtype)
+    nan = np.isnan(as_float32(want, dtype))
+    return bool(
+        same_bits(got[~nan], want[~nan])
+        and np.all(np.isnan(as_float32(got[nan], dtype)))
+    )
+
+
+def gathered_payloads(n: int, workers: int, rng):
+    """(float32 values, int32 indices) of `workers` top-k style payloads
+    concatenated in worker order: each part k distinct sorted indices out
+    of 2k (every element sent by several workers), one part shuffled with
+    its first index sent twice, magnitudes from 2^-20 to 2^20 so that the
+    order of the additions shows in the sums; and element 0 gets 2^24, 1
+    and -2^24 from the first three workers (0 in that order, 1 after
+    2^24 - 2^24)."""
+    k = max(1, n // 4)
+    parts, values = [], []
+    for w in range(workers):
+        part = np.sort(rng.choice(min(n, 2 * k), min(n, k), replace=False))
+        if w == 1:
+            part = np.append(rng.permutation(part), part[0])
+        v = rng.standard_normal(part.size) * 2.0 ** rng.integers(
+            -20, 21, part.size
+        )
+        if w < 3:
+            part = np.append(part, 0)
+            v = np.append(v, (2.0**24, 1.0, -(2.0**24))[w])
+        parts.append(part)
+        values.append(v)
+    idx = np.concatenate(parts).astype(np.int32)
+    return np.concatenate(values).astype(np.float32), idx
 
 
 def scatter_inputs(sizes, rng):
@@ -804,6 +839,8 @@ def scatter_inputs(sizes, rng):
             idx[:1001], v[:1001] = n - 1, 2.0**-12
             v[0] = 1
             yield f"duplicates {n=} {m=}", v, idx, n, -1
+            v, idx = gathered_payloads(n, 3 + case % 3, rng)
+            yield f"{3 + case % 3} workers {n=} m={idx.size}", v, idx, n, -1
         # An index outside [0, n): the kernel reports the first one.
         m = max(n // 2, 3)
         idx = rng.integers(0, max(n, 1), m).astype(np.int32)

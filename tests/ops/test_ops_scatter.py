@@ -322,6 +322,41 @@ def test_sparse_scatter_sum_other_dtypes():
     np.testing.assert_array_equal(got.numpy(), [0.0, 3.0, 0.0])
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("m, n", [(0, 5), (1, 1), (5000, 300), (3000, 3000)])
+def test_ordered_segment_sum_gpu_path_equals_cpu_op(
+    monkeypatch, dtype, id_dtype, m, n
+):
+    """The rank-by-rank sum TF takes where it sees a GPU, run on the CPU:
+    the CPU kernel's input-order sums, bit for bit, eager and traced."""
+    monkeypatch.setattr(scatter, "_gpu_visible", lambda: True)
+    rng = np.random.default_rng(m + n)
+    idx = tf.constant(rng.integers(0, n, m), id_dtype)
+    magnitudes = 2.0 ** rng.integers(-20, 21, m)
+    vals = tf.constant(rng.standard_normal(m) * magnitudes, dtype)
+    want = tf.math.unsorted_segment_sum(vals, idx, n).numpy()
+    for fn in (
+        scatter.ordered_segment_sum,
+        tf.function(scatter.ordered_segment_sum),
+    ):
+        got = fn(vals, idx, n).numpy()
+        assert got.dtype == want.dtype and got.shape == (n,)
+        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+
+
+def test_reference_gpu_path_equals_serial_float32(monkeypatch):
+    monkeypatch.setattr(scatter, "_gpu_visible", lambda: True)
+    vals, idx = payload(1000, 300, seed=3, workers=5)
+    # Element 1000: 2^24 + 1 rounds to 2^24, so the order shows (0, not 1).
+    vals = np.concatenate([[2.0**24, 1.0, -(2.0**24)], vals]).astype("f4")
+    idx = np.concatenate([[1000] * 3, idx]).astype(np.int32)
+    got = scatter.scatter_add_sum_reference(vals, idx, 1001).numpy()
+    want = serial_float32(vals, idx, 1001)
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    assert got[1000] == 0.0
+
+
 @settings(
     max_examples=60,
     deadline=None,

@@ -34,7 +34,9 @@ def scatter_sum(values, indices, n, dtype):
     `tensor_scatter_nd_add` or `scatter_nd`) took 3.3x to 32x the time of
     zero-filling the output, the compiled op 1.1x to 2.2x (1.0x to 5.2x and
     0.5x to 1.6x at 1 M, where eager dispatch is much of it). Other dtypes
-    use `tf.math.unsorted_segment_sum`.
+    use `tfgc.ops.scatter.ordered_segment_sum`. Either way, outside XLA,
+    each element's values add up in input order (worker order): the same
+    bits on every worker, with or without a GPU.
     """
     if isinstance(values, tf.RaggedTensor):
         values, indices = values.flat_values, indices.flat_values
@@ -46,7 +48,7 @@ def scatter_sum(values, indices, n, dtype):
     ):
         dense = ops.scatter_add_sum(flat_values, flat_indices, n)
     else:
-        dense = tf.math.unsorted_segment_sum(flat_values, flat_indices, n)
+        dense = scatter.ordered_segment_sum(flat_values, flat_indices, n)
     return tf.cast(dense, dtype)
 
 

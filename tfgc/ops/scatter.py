@@ -12,13 +12,21 @@ TensorFlow's own scatter ops (`tf.math.unsorted_segment_sum`,
 those types: 1.0 plus a thousand times 2^-12 sums to 1.0 in float16 there,
 to 1.244 here.
 
-The CPU kernel adds the values of each element in input order whatever the
-thread count (its float32 result equals a serial loop's, bit for bit) and
-zeroes and fills the output tile by tile from cache: on 25 M elements, 3x to
-15x faster than the fastest TF op and within 1.1x to 2.2x of zero-filling
-the output (2 cores, `benchmarks/results/scatter_cpu.md`). The CUDA kernel
-adds with float32 atomics: values sent to the same element add up in any
-order there, and it waits for the device to check the indices.
+Outside XLA every path adds each element's values in input order (worker
+order for all-gathered payloads), left to right in a float32 sum starting
+at +0, so every worker gets the same bits on every run. The CPU kernel does
+so whatever the thread count (its result equals a serial loop's, bit for
+bit) and zeroes and fills the output tile by tile from cache: on 25 M
+elements, 3x to 15x faster than the fastest TF op and within 1.1x to 2.2x
+of zero-filling the output (2 cores, `benchmarks/results/scatter_cpu.md`).
+TensorFlow runs CPU kernels with float32 subnormals flushed to zero; the
+CUDA kernel flushes them too and gives the CPU kernel's bits: it sorts the
+values by index (a stable radix sort) and adds each element's run on one
+thread, no atomics; it waits for the device to check the indices. The
+reference uses `tf.math.unsorted_segment_sum` without a GPU (TF's CPU
+kernel adds in input order) and `ordered_segment_sum` where TensorFlow sees
+a GPU, whose `unsorted_segment_sum` adds with atomics in any order; under
+XLA it is XLA's scatter, whose order on a GPU is XLA's.
 """
 
 from __future__ import annotations
@@ -73,6 +81,10 @@ def _check_args(values, indices, n) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         )
     _check_static_shapes(values, indices, n)
     return values, indices, n
+
+
+def _gpu_visible() -> bool:
+    return bool(tf.config.list_logical_devices("GPU"))
 
 
 def _invalid(message: str) -> tf.errors.InvalidArgumentError:
@@ -190,7 +202,72 @@ def _reference(values: tf.Tensor, indices: tf.Tensor, n: tf.Tensor):
 
 def _segment_sum(values: tf.Tensor, indices: tf.Tensor, n: tf.Tensor):
     # Summing in float32 rounds half and bfloat16 once.
-    dense = tf.math.unsorted_segment_sum(
-        tf.cast(values, tf.float32), indices, n
-    )
+    dense = ordered_segment_sum(tf.cast(values, tf.float32), indices, n)
     return tf.cast(dense, values.dtype)
+
+
+def ordered_segment_sum(
+    values: tf.Tensor, segment_ids: tf.Tensor, num_segments: int | tf.Tensor
+) -> tf.Tensor:
+    """`tf.math.unsorted_segment_sum` of a vector, in input order everywhere.
+
+    TensorFlow's CPU kernel adds each segment's values in input order, left
+    to right from zero; its GPU kernel adds floats with atomics in an order
+    the scheduler picks, so the last bits of a sum may change from run to
+    run, and differ between the workers of a multi-worker job. Without a
+    visible GPU, for integer values and under XLA (whose shapes cannot
+    depend on the data; the order on a GPU is then XLA's), this is that
+    op. Otherwise a stable sort by segment gives each value its rank in its
+    segment, and round r adds every segment's value of rank r (a gather, no
+    atomics): the CPU kernel's order on every device, in as many rounds as
+    the most values one segment has (the number of workers for top-k
+    payloads).
+
+    Args:
+        values: vector [m], summed in its own dtype.
+        segment_ids: int32 or int64 vector [m] of segments in
+            [0, num_segments).
+        num_segments: length of the output.
+
+    Returns:
+        A vector [num_segments] of `values`' dtype.
+    """
+    values = tf.convert_to_tensor(values)
+    segment_ids = tf.convert_to_tensor(segment_ids)
+    if (
+        not values.dtype.is_floating
+        or _library.compiling_with_xla()
+        or not _gpu_visible()
+    ):
+        return tf.math.unsorted_segment_sum(values, segment_ids, num_segments)
+    order = tf.argsort(segment_ids, stable=True)
+    ids = tf.gather(segment_ids, order)
+    sorted_values = tf.gather(values, order)
+    size = tf.size(ids)
+    positions = tf.range(size)
+    previous = tf.gather(ids, tf.maximum(positions - 1, 0))
+    heads = tf.logical_or(tf.equal(positions, 0), tf.not_equal(ids, previous))
+    starts = tf.boolean_mask(positions, heads)
+    lengths = tf.concat([starts, [size]], 0)[1:] - starts
+    rounds = tf.reduce_max(tf.concat([lengths, [0]], 0))
+    last = tf.maximum(size - 1, 0)
+
+    def more(rank, sums):
+        del sums
+        return rank < rounds
+
+    def add_rank(rank, sums):
+        value = tf.gather(sorted_values, tf.minimum(starts + rank, last))
+        return rank + 1, tf.where(rank < lengths, sums + value, sums)
+
+    _, sums = tf.while_loop(
+        more,
+        add_rank,
+        (tf.constant(0), tf.zeros(tf.shape(starts), values.dtype)),
+    )
+    segments = tf.cast(num_segments, ids.dtype)
+    return tf.tensor_scatter_nd_update(
+        tf.zeros(tf.reshape(segments, [1]), values.dtype),
+        tf.gather(ids, starts)[:, None],
+        sums,
+    )

@@ -391,15 +391,18 @@ class GolombDecodeGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &out_t));
     if (k == 0) return;
     Tensor scratch;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64,
-                                           TensorShape({3}), &scratch));
+    OP_REQUIRES_OK(
+        ctx, ctx->allocate_temp(tensorflow::DT_INT8,
+                                TensorShape({gpu::GolombDecodeScratchBytes(
+                                    encoded.NumElements(), a.b)}),
+                                &scratch));
     int64_t error[3] = {0, 0, 0};
     OP_REQUIRES_OK(
         ctx, CudaStatus(gpu::GolombDecode(
                             encoded.flat<uint8_t>().data(),
                             encoded.NumElements(), k, a.b, a.limit,
                             out_t->flat<int32_t>().data(),
-                            scratch.flat<int64_t>().data(),
+                            scratch.flat<int8_t>().data(),
                             ctx->eigen_device<GPUDevice>().stream(), error),
                         "Decode"));
     const int64_t j = error[1];

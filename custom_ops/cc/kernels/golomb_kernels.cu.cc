@@ -16,12 +16,10 @@
 // words. The words are then copied to the output, which has only
 // ceil(num_bits / 8) bytes.
 //
-// Decode: one thread (one block of one thread). Where a code starts
-// depends on the lengths of all the codes before it, so a parallel decoder
-// would have to decode speculatively from every bit and chain the results;
-// the stream is short (k codes of about b + 2 bits) next to the tensors the
-// other kernels read, so a serial pass on the device, skipping 0xFF bytes
-// of long unary runs, avoids copying it to the host and back.
+// Decode: the format has no chunk offsets, and where a code starts depends
+// on every code before it; but a chunk of the stream can only start in
+// b + 1 ways, so each chunk is decoded from all of them at once and the
+// results are chained (the comment above the decode kernels says how).
 
 #include <algorithm>
 #include <cstdint>
@@ -218,62 +216,304 @@ cudaError_t EncodeSize(const T* idx, int64_t k, int64_t n, int b,
   return err;
 }
 
-// Reads len <= 32 bits MSB first at stream bit pos; all are in the stream.
-__device__ __forceinline__ uint64_t ReadBits(const uint8_t* data,
-                                             int64_t pos, int len) {
-  if (len == 0) return 0;
-  const int64_t last = pos + len - 1;
-  uint64_t acc = 0;
-  for (int64_t byte = pos >> 3; byte <= (last >> 3); ++byte) {
-    acc = (acc << 8) | data[byte];
-  }
-  acc >>= 7 - static_cast<int>(last & 7);
-  return acc & ((uint64_t{1} << len) - 1);
+// ---------------------------------------------------------------------------
+// Decode. The stream is cut into chunks of kChunkBits bits (one more chunk
+// than the stream fills, so that the zero bit read past its end, where a
+// truncated code ends, lies in a chunk). A code belongs to the chunk that
+// holds its terminating zero bit. A chunk starts in one of b + 1 states: s
+// in [1, b] when its first s bits end the remainder of a code begun before
+// it; 0 otherwise, when a code starts at its first bit or a unary part runs
+// into it, and either way its bits up to the first zero are unary ones.
+// From each state, one thread per chunk decodes the chunk and notes the
+// state of the next chunk, the codes it ends and their share of the
+// positions (2^b per unary one bit in the chunk, 1 + r per code ending in
+// it; position j + 1 is the sum of the shares of everything up to code j).
+// These small transition tables are then chained: per group of kGroup
+// chunks for every entry state (one block each), over the groups from
+// state 0 at bit 0 (one thread), and inside each group from its entry state
+// (one thread per block), which gives every chunk its state, its first
+// code's index and the sum of the shares before it. Each thread then
+// decodes its chunk once more and writes its codes' positions. Work is
+// O(stream bits) (b + 1 states, codes of at least b + 1 bits) and the
+// serial steps are one per group plus 2 kGroup, where one thread used to
+// read every code in turn.
+//
+// Errors as the CPU kernel's: the first code that ends past the stream or
+// lands at or above `limit` (a unary part above limit >> b does too). Both
+// only grow with the code index, so the codes before the first error are
+// exactly the valid ones and their number, summed with an integer atomic,
+// is that code's index; one thread then describes it.
+// ---------------------------------------------------------------------------
+
+constexpr int64_t kChunkBits = 512;
+constexpr int kGroup = kThreads;  // chunks per group: one per thread
+constexpr int kMaxStates = golomb::kMaxB + 1;
+// Sums of position shares saturate here, far above any int32 position,
+// so that a corrupt stream cannot wrap them.
+constexpr uint64_t kShareCap = uint64_t{1} << 62;
+
+__device__ __forceinline__ uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  return Min(a + b, kShareCap);  // a <= kShareCap and b < 2^62
 }
 
-__global__ void DecodeKernel(const uint8_t* data, int64_t num_bits,
-                             int64_t k, int b, int64_t limit, int32_t* out,
-                             int64_t* error) {
-  const uint64_t max_q = static_cast<uint64_t>(limit) >> b;
-  int64_t pos = 0, prev = -1;
-  for (int64_t j = 0; j < k; ++j) {
-    // The unary part: one bits up to a zero bit or the end of the stream.
-    uint64_t q = 0;
-    while (pos < num_bits) {
-      if ((pos & 7) == 0 && pos + 8 <= num_bits && data[pos >> 3] == 0xFF) {
-        q += 8;
-        pos += 8;
-      } else if (ReadBits(data, pos, 1) != 0) {
-        q += 1;
-        pos += 1;
-      } else {
-        break;
+// The stream and the code parameter.
+struct Stream {
+  const uint8_t* data;
+  int64_t num_bytes;
+  int64_t num_bits;
+  int b;
+};
+
+// Where a chunk's (or a group's) walk from one state ends: the next state,
+// the codes it ends (count) and their share of the positions.
+struct Transition {
+  uint64_t share;
+  uint32_t next_and_count;  // count << 8 | next state
+};
+
+__device__ __forceinline__ uint32_t Pack(int next, uint64_t count) {
+  return static_cast<uint32_t>(count << 8) | static_cast<uint32_t>(next);
+}
+
+// A chunk's (or a group's) state, its first code's index and the sum of
+// the shares before it.
+struct Entry {
+  int64_t code;
+  uint64_t share;
+  int32_t state;
+};
+
+// The 64 bits from stream bit `pos`, the first in bit 63; past the end of
+// the stream they are zeros.
+__device__ __forceinline__ uint64_t Peek(const Stream& st, int64_t pos) {
+  const int64_t byte = pos >> 3;
+  const int off = static_cast<int>(pos & 7);
+  uint64_t w = 0;
+  for (int i = 0; i < 9; ++i) {
+    const int64_t at = byte + i;
+    const uint64_t v = at < st.num_bytes ? st.data[at] : 0;
+    if (i < 8) {
+      w = (w << 8) | v;
+    } else if (off > 0) {
+      w = (w << off) | (v >> (8 - off));
+    }
+  }
+  return w;
+}
+
+// The first zero bit in [pos, end), or end.
+__device__ __forceinline__ int64_t NextZero(const Stream& st, int64_t pos,
+                                            int64_t end) {
+  for (; pos < end; pos += 64) {
+    const int ones = __clzll(static_cast<long long>(~Peek(st, pos)));
+    if (ones < 64) return pos + ones < end ? pos + ones : end;
+  }
+  return end;
+}
+
+// Decodes chunk c from `state`: calls on_code(zero bit, share up to and
+// including the code) for each code ending in the chunk, in order, until
+// it returns false.
+template <typename OnCode>
+__device__ __forceinline__ Transition WalkChunk(const Stream& st, int64_t c,
+                                                int state, OnCode on_code) {
+  const int64_t begin = c * kChunkBits, end = begin + kChunkBits;
+  // The bits from `pos` up to a zero bit are unary ones.
+  int64_t pos = begin + state;
+  uint64_t share = 0, count = 0;
+  while (pos < end) {
+    const int64_t zero = NextZero(st, pos, end);
+    share += static_cast<uint64_t>(zero - pos) << st.b;
+    if (zero == end) return {share, Pack(0, count)};
+    const uint64_t r = st.b > 0 ? Peek(st, zero + 1) >> (64 - st.b) : 0;
+    share += 1 + r;
+    ++count;
+    if (!on_code(zero, share)) break;
+    pos = zero + 1 + st.b;
+  }
+  return {share, Pack(static_cast<int>(pos - end), count)};
+}
+
+// Pass 1: every chunk's transition from each of the b + 1 states.
+__global__ void ChunkTransitionsKernel(Stream st, int64_t chunks,
+                                       Transition* out) {
+  const int states = st.b + 1;
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+       c < chunks; c += int64_t{gridDim.x} * blockDim.x) {
+    for (int s = 0; s < states; ++s) {
+      out[c * states + s] =
+          WalkChunk(st, c, s, [](int64_t, uint64_t) { return true; });
+    }
+  }
+}
+
+// Moves `e` past a chunk (or group) with that transition from e's state.
+__device__ __forceinline__ void Advance(Entry* e, uint32_t next_and_count,
+                                        uint64_t share) {
+  e->code += next_and_count >> 8;
+  e->share = SaturatingAdd(e->share, share);
+  e->state = static_cast<int32_t>(next_and_count & 0xffu);
+}
+
+// Copies the packed transitions of group g's chunks to shared memory.
+__device__ __forceinline__ int64_t LoadGroup(const Transition* chunk,
+                                             int64_t chunks, int states,
+                                             int64_t g, uint32_t* s_trans) {
+  const int64_t first = g * kGroup;
+  const int64_t count = Min(chunks - first, kGroup);
+  for (int64_t e = threadIdx.x; e < count * states; e += blockDim.x) {
+    s_trans[e] = chunk[first * states + e].next_and_count;
+  }
+  __syncthreads();
+  return count;
+}
+
+// Pass 2: every group's transition from each state, by walking its chunks
+// (one thread per entry state).
+__global__ void GroupTransitionsKernel(const Transition* chunk,
+                                       int64_t chunks, int states,
+                                       int64_t groups, Transition* group) {
+  __shared__ uint32_t s_trans[kGroup * kMaxStates];
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t count = LoadGroup(chunk, chunks, states, g, s_trans);
+    if (threadIdx.x < states) {
+      Entry e = {0, 0, static_cast<int32_t>(threadIdx.x)};
+      for (int64_t i = 0; i < count; ++i) {
+        Advance(&e, s_trans[i * states + e.state],
+                chunk[(g * kGroup + i) * states + e.state].share);
+      }
+      group[g * states + threadIdx.x] = {e.share, Pack(e.state, e.code)};
+    }
+    __syncthreads();  // s_trans is read before the next group's load
+  }
+}
+
+// Pass 3 (one thread): the groups' entries, from state 0 at bit 0.
+__global__ void ChainGroupsKernel(const Transition* group, int states,
+                                  int64_t groups, Entry* entry) {
+  Entry e = {0, 0, 0};
+  for (int64_t g = 0; g < groups; ++g) {
+    entry[g] = e;
+    const Transition t = group[g * states + e.state];
+    Advance(&e, t.next_and_count, t.share);
+  }
+}
+
+// Pass 4: each group's chunks' entries (one thread walks them), then every
+// thread decodes its chunk: writes the positions of its valid codes below
+// k and adds their number to *valid.
+__global__ void DecodeChunksKernel(Stream st, const Transition* chunk,
+                                   int64_t chunks, int64_t groups,
+                                   const Entry* group_entry, int64_t k,
+                                   int64_t limit, Entry* chunk_entry,
+                                   int32_t* out, unsigned long long* valid) {
+  __shared__ uint32_t s_trans[kGroup * kMaxStates];
+  __shared__ Entry s_entry[kGroup];
+  const int states = st.b + 1;
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t count = LoadGroup(chunk, chunks, states, g, s_trans);
+    if (threadIdx.x == 0) {
+      Entry e = group_entry[g];
+      for (int64_t i = 0; i < count; ++i) {
+        s_entry[i] = e;
+        chunk_entry[g * kGroup + i] = e;
+        Advance(&e, s_trans[i * states + e.state],
+                chunk[(g * kGroup + i) * states + e.state].share);
       }
     }
-    // As the CPU kernel: a code past the end first, then its value.
-    if (pos + 1 + b > num_bits) {
-      error[0] = kDecodeTruncated;
-      error[1] = j;
-      return;
+    __syncthreads();
+    if (threadIdx.x < count) {
+      const Entry e = s_entry[threadIdx.x];
+      int64_t j = e.code;
+      unsigned long long ok = 0;
+      WalkChunk(st, g * kGroup + threadIdx.x, e.state,
+                [&](int64_t zero, uint64_t share) {
+                  if (j >= k) return false;
+                  // Position j + 1 is the sum of the shares up to code j.
+                  const uint64_t p1 = SaturatingAdd(e.share, share);
+                  if (zero + 1 + st.b <= st.num_bits &&
+                      p1 <= static_cast<uint64_t>(limit)) {
+                    out[j] = static_cast<int32_t>(p1 - 1);
+                    ++ok;
+                  }
+                  ++j;
+                  return true;
+                });
+      if (ok > 0) atomicAdd(valid, ok);
     }
-    const uint64_t r = ReadBits(data, pos + 1, b);
-    pos += 1 + b;
-    if (q > max_q) {
-      error[0] = kDecodeQuotientTooLarge;
-      error[1] = j;
-      error[2] = prev + 1 + static_cast<int64_t>(Min(q, max_q + 1) << b);
-      return;
-    }
-    const int64_t p = prev + 1 + static_cast<int64_t>((q << b) | r);
-    if (p >= limit) {
-      error[0] = kDecodePositionTooLarge;
-      error[1] = j;
-      error[2] = p;
-      return;
-    }
-    out[j] = static_cast<int32_t>(p);
-    prev = p;
+    __syncthreads();  // s_trans and s_entry are read before the next load
   }
+}
+
+// Pass 5 (one thread, only on an error): describes code j, the first
+// invalid one, in error[3] as the CPU kernel would. Its chunk is the last
+// whose first code index is at most j.
+__global__ void DescribeErrorKernel(Stream st, const Entry* chunk_entry,
+                                    int64_t chunks, int64_t j, int64_t limit,
+                                    const int32_t* out, int64_t* error) {
+  int64_t lo = 0, hi = chunks - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (chunk_entry[mid].code <= j) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const Entry e = chunk_entry[lo];
+  int64_t at = e.code, zero = 0;
+  uint64_t share = 0;
+  WalkChunk(st, lo, e.state, [&](int64_t z, uint64_t through) {
+    zero = z;
+    share = through;
+    return at++ < j;
+  });
+  error[1] = j;
+  if (zero + 1 + st.b > st.num_bits) {
+    error[0] = kDecodeTruncated;
+    return;
+  }
+  // The code may start chunks earlier: its unary part q comes from the
+  // gap to the previous position, valid and written by pass 4.
+  const uint64_t p1 = SaturatingAdd(e.share, share);
+  const int64_t prev = j > 0 ? out[j - 1] : -1;
+  const uint64_t max_q = static_cast<uint64_t>(limit) >> st.b;
+  const uint64_t gap = p1 - static_cast<uint64_t>(prev + 2);
+  if (p1 == kShareCap || (gap >> st.b) > max_q) {
+    error[0] = kDecodeQuotientTooLarge;
+    error[2] = prev + 1 + static_cast<int64_t>((max_q + 1) << st.b);
+  } else {
+    error[0] = kDecodePositionTooLarge;
+    error[2] = static_cast<int64_t>(p1 - 1);
+  }
+}
+
+// The decoder's scratch, in this order.
+struct DecodeScratch {
+  int64_t* error;            // 3, then the count of valid codes
+  Transition* chunk;         // chunks * (b + 1)
+  Transition* group;         // groups * (b + 1)
+  Entry* chunk_entry;        // chunks
+  Entry* group_entry;        // groups
+  int64_t chunks, groups;
+};
+
+constexpr int64_t kHeaderBytes = 4 * sizeof(int64_t);
+
+int64_t Chunks(int64_t num_bytes) { return num_bytes * 8 / kChunkBits + 1; }
+int64_t Groups(int64_t chunks) { return (chunks + kGroup - 1) / kGroup; }
+
+DecodeScratch SplitDecodeScratch(void* scratch, int64_t num_bytes, int b) {
+  DecodeScratch d;
+  const int64_t states = b + 1;
+  d.chunks = Chunks(num_bytes);
+  d.groups = Groups(d.chunks);
+  d.error = static_cast<int64_t*>(scratch);
+  d.chunk = reinterpret_cast<Transition*>(d.error + kHeaderBytes / 8);
+  d.group = d.chunk + d.chunks * states;
+  d.chunk_entry = reinterpret_cast<Entry*>(d.group + d.groups * states);
+  d.group_entry = d.chunk_entry + d.chunks;
+  return d;
 }
 
 }  // namespace
@@ -330,24 +570,63 @@ int GolombEncodeWrite(bool index_int64, const void* indices, int64_t k,
                                           cudaMemcpyDeviceToDevice, s));
 }
 
+int64_t GolombDecodeScratchBytes(int64_t num_bytes, int b) {
+  if (b < 0 || b > golomb::kMaxB || num_bytes < 0) return 0;
+  const int64_t chunks = Chunks(num_bytes);
+  const int64_t groups = Groups(chunks);
+  return kHeaderBytes +
+         (chunks + groups) * ((b + 1) * static_cast<int64_t>(
+                                            sizeof(Transition)) +
+                              static_cast<int64_t>(sizeof(Entry)));
+}
+
 int GolombDecode(const uint8_t* encoded, int64_t num_bytes, int64_t k, int b,
-                 int64_t limit, int32_t* out, int64_t* scratch, void* stream,
+                 int64_t limit, int32_t* out, void* scratch, void* stream,
                  int64_t* error) {
   error[0] = kDecodeOk;
   error[1] = error[2] = 0;
-  if (b < 0 || b > golomb::kMaxB || limit < 0) {
+  if (b < 0 || b > golomb::kMaxB || limit < 0 || num_bytes < 0) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   if (k == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
-  cudaError_t err = cudaMemsetAsync(scratch, 0, 3 * sizeof(int64_t), s);
+  const DecodeScratch d = SplitDecodeScratch(scratch, num_bytes, b);
+  const Stream st = {encoded, num_bytes, num_bytes * 8, b};
+  const int states = b + 1;
+  cudaError_t err = cudaMemsetAsync(d.error, 0, 4 * sizeof(int64_t), s);
   if (err != cudaSuccess) return static_cast<int>(err);
-  LaunchKernel(DecodeKernel, 1, 1, 0, s, encoded, num_bytes * 8, k, b, limit,
-               out, scratch);
+  const int group_grid = StrideGridFor(d.groups * kThreads, kThreads);
+  LaunchKernel(ChunkTransitionsKernel, StrideGridFor(d.chunks, kThreads),
+               kThreads, 0, s, st, d.chunks, d.chunk);
+  LaunchKernel(GroupTransitionsKernel, group_grid, kThreads, 0, s,
+               static_cast<const Transition*>(d.chunk), d.chunks, states,
+               d.groups, d.group);
+  LaunchKernel(ChainGroupsKernel, 1, 1, 0, s,
+               static_cast<const Transition*>(d.group), states, d.groups,
+               d.group_entry);
+  auto* valid = reinterpret_cast<unsigned long long*>(d.error + 3);
+  LaunchKernel(DecodeChunksKernel, group_grid, kThreads, 0, s, st,
+               static_cast<const Transition*>(d.chunk), d.chunks, d.groups,
+               static_cast<const Entry*>(d.group_entry), k, limit,
+               d.chunk_entry, out, valid);
   err = cudaGetLastError();
-  // The op must fail on a bad stream, so the host waits for the record.
+  // The op must fail on a bad stream, so the host waits for the count.
+  unsigned long long host_valid = 0;
   if (err == cudaSuccess) {
-    err = cudaMemcpyAsync(error, scratch, 3 * sizeof(int64_t),
+    err = cudaMemcpyAsync(&host_valid, valid, sizeof(host_valid),
+                          cudaMemcpyDeviceToHost, s);
+  }
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  if (err != cudaSuccess || host_valid >= static_cast<uint64_t>(k)) {
+    return static_cast<int>(err);
+  }
+  LaunchKernel(DescribeErrorKernel, 1, 1, 0, s, st,
+               static_cast<const Entry*>(d.chunk_entry), d.chunks,
+               static_cast<int64_t>(host_valid), limit,
+               static_cast<const int32_t*>(out), d.error);
+  err = cudaGetLastError();
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(error, d.error, 3 * sizeof(int64_t),
                           cudaMemcpyDeviceToHost, s);
   }
   if (err == cudaSuccess) err = cudaStreamSynchronize(s);

@@ -188,13 +188,19 @@ enum GolombDecodeError : int64_t {
   kDecodePositionTooLarge = 3,
 };
 
+// Bytes of the device scratch GolombDecode needs for a stream of num_bytes
+// bytes coded with parameter 2^b.
+int64_t GolombDecodeScratchBytes(int64_t num_bytes, int b);
+
 // Decodes k positions (all < limit, limit <= 2^31) from num_bytes bytes
-// into out[k]; `scratch` holds 3 int64. Blocks until the stream is done and
-// sets the host array error[3] = {GolombDecodeError, code j, value}: the
-// value is the lower bound of position j for kDecodeQuotientTooLarge and
-// position j for kDecodePositionTooLarge (the CPU kernel's messages).
+// into out[k], in parallel over chunks of the stream (golomb_kernels.cu.cc
+// says how). Blocks until the stream is done and sets the host array
+// error[3] = {GolombDecodeError, code j, value} for the first bad code, as
+// the CPU kernel finds it: the value is the lower bound of position j for
+// kDecodeQuotientTooLarge and position j for kDecodePositionTooLarge (the
+// CPU kernel's messages). out[i] is written for every i below that j.
 int GolombDecode(const uint8_t* encoded, int64_t num_bytes, int64_t k, int b,
-                 int64_t limit, int32_t* out, int64_t* scratch, void* stream,
+                 int64_t limit, int32_t* out, void* scratch, void* stream,
                  int64_t* error);
 
 }  // namespace gpu

@@ -6,8 +6,10 @@
 // indices; bucket them by tile, chunk after chunk (a stable counting sort);
 // then per tile, zero its float32 accumulators and add its bucket in order.
 // Each output element is thus written once, from cache, and sums its values
-// in input order whatever the thread count: the result is deterministic and
-// equals a serial loop's. No atomics, no locks.
+// in input order, from +0 and left to right in float32, whatever the thread
+// count: the result is deterministic and equals a serial loop's (with
+// subnormals flushed, as TensorFlow runs CPU kernels; the CUDA kernel
+// flushes them too and gives the same bits). No atomics, no locks.
 
 #define EIGEN_USE_THREADS
 
@@ -224,21 +226,17 @@ class ScatterAddSumGpuOp : public OpKernel {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out));
     const int64_t m = values.dim_size(0);
-    Tensor acc, scratch;
-    float* acc_p = nullptr;
-    if (!std::is_same<T, float>::value) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_FLOAT,
-                                             TensorShape({n}), &acc));
-      acc_p = acc.flat<float>().data();
-    }
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64,
-                                           TensorShape({1}), &scratch));
+    Tensor scratch;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(
+                            tensorflow::DT_INT8,
+                            TensorShape({gpu::ScatterAddSumScratchBytes(m)}),
+                            &scratch));
     int64_t bad_position = -1;
     int32_t bad_index = 0;
     const int err = gpu::ScatterAddSum(
         GpuDType<T>(), values.flat<T>().data(),
-        indices.flat<int32_t>().data(), m, n, out->flat<T>().data(), acc_p,
-        scratch.flat<int64_t>().data(),
+        indices.flat<int32_t>().data(), m, n, out->flat<T>().data(),
+        scratch.flat<int8_t>().data(),
         ctx->eigen_device<GPUDevice>().stream(), &bad_position, &bad_index);
     OP_REQUIRES(ctx, err == 0,
                 absl::InternalError(absl::StrCat(
