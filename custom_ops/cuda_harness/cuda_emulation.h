@@ -743,6 +743,32 @@ class BlockRunner {
   std::atomic<int64_t> launch_started_ns_{0};
 };
 
+// What the host did that a real GPU would make it wait for, or that moves
+// data between host and device, counted since the process started, so that
+// a test can assert that a launcher keeps its work on the device: `waits`
+// counts cudaStreamSynchronize, cudaDeviceSynchronize,
+// cudaEventSynchronize and blocking cudaMemcpy calls; `to_host` and
+// `from_host` count copies (blocking or not) from and to device memory.
+struct HostTraffic {
+  int64_t waits = 0;
+  int64_t to_host = 0;
+  int64_t from_host = 0;
+};
+
+inline HostTraffic& Traffic() {
+  static HostTraffic traffic;
+  return traffic;
+}
+
+// Counts a copy in Traffic() by where its ends lie.
+inline void CountCopy(void* dst, const void* src) {
+  DeviceMemory& m = DeviceMemory::Get();
+  const bool dst_device = m.Contains(dst, 0);
+  const bool src_device = m.Contains(src, 0);
+  if (src_device && !dst_device) ++Traffic().to_host;
+  if (!src_device && dst_device) ++Traffic().from_host;
+}
+
 // Sets what the device reports and how blocks are scheduled; takes effect
 // at the next launch (or attribute query).
 inline void Configure(const Config& config) {
@@ -1031,18 +1057,20 @@ inline cudaError_t cudaFree(void* ptr) {
   return tfgc::emu::DeviceMemory::Get().Free(ptr);
 }
 
-inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes,
-                              cudaMemcpyKind kind) {
-  tfgc::emu::CheckCopy(dst, src, bytes, kind);
-  if (bytes != 0) std::memmove(dst, src, bytes);
-  return cudaSuccess;
-}
-
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes,
                                    cudaMemcpyKind kind,
                                    cudaStream_t stream = nullptr) {
   (void)stream;
-  return cudaMemcpy(dst, src, bytes, kind);
+  tfgc::emu::CheckCopy(dst, src, bytes, kind);
+  tfgc::emu::CountCopy(dst, src);
+  if (bytes != 0) std::memmove(dst, src, bytes);
+  return cudaSuccess;
+}
+
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes,
+                              cudaMemcpyKind kind) {
+  ++tfgc::emu::Traffic().waits;
+  return cudaMemcpyAsync(dst, src, bytes, kind);
 }
 
 inline cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes,
@@ -1059,10 +1087,14 @@ inline cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes,
 
 inline cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   (void)stream;
+  ++tfgc::emu::Traffic().waits;
   return cudaSuccess;
 }
 
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaDeviceSynchronize() {
+  ++tfgc::emu::Traffic().waits;
+  return cudaSuccess;
+}
 
 inline cudaError_t cudaEventCreate(cudaEvent_t* event) {
   *event = new CUevent_st();
@@ -1083,6 +1115,7 @@ inline cudaError_t cudaEventRecord(cudaEvent_t event,
 
 inline cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   (void)event;
+  ++tfgc::emu::Traffic().waits;
   return cudaSuccess;
 }
 

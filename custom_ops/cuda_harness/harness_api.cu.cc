@@ -26,6 +26,10 @@ namespace {
 
 void* g_scratch = nullptr;
 int64_t g_scratch_bytes = 0;
+#if defined(TFGC_CUDA_EMULATION)
+// What the last tfgc_top_k_sample's launchers asked of the host.
+tfgc::emu::HostTraffic g_top_k_traffic;
+#endif
 
 int EnsureScratch(int64_t bytes) {
   if (bytes <= g_scratch_bytes) return 0;
@@ -97,7 +101,9 @@ int tfgc_can_flush_denormals() { return TFGC_HARNESS_HAVE_MXCSR; }
 // selection size (an error is returned when it exceeds capacity).
 // `zero_selected` (nullable) has its selected entries zeroed. With
 // `flush_denormals` the call runs in ScopedFlushDenormals (an error where
-// tfgc_can_flush_denormals() is 0).
+// tfgc_can_flush_denormals() is 0). Under the emulation,
+// tfgc_emulation_top_k_sample_traffic then tells what the three launchers
+// asked of the host.
 int tfgc_top_k_sample(int dtype, const void* x, int64_t n, int64_t k,
                       int mode, int rounds, int64_t seed, void* values,
                       int32_t* indices, int64_t capacity, int64_t* out_size,
@@ -108,18 +114,31 @@ int tfgc_top_k_sample(int dtype, const void* x, int64_t n, int64_t k,
   ScopedFlushDenormals flush(flush_denormals != 0);
   int err = EnsureScratch(tfgc::gpu::TopKSampleScratchBytes(n));
   if (err != 0) return err;
-  tfgc::SelectionPlan plan;
   const auto dt = static_cast<tfgc::gpu::DType>(dtype);
-  err = tfgc::gpu::TopKSamplePlan(dt, x, n, k,
-                                  static_cast<tfgc::TopKSampleMode>(mode),
-                                  rounds, seed, g_scratch, nullptr, &plan);
-  if (err != 0) return err;
-  *out_size = plan.output_size;
-  if (plan.output_size > capacity) {
-    return static_cast<int>(cudaErrorInvalidValue);
+  const auto m = static_cast<tfgc::TopKSampleMode>(mode);
+#if defined(TFGC_CUDA_EMULATION)
+  const tfgc::emu::HostTraffic before = tfgc::emu::Traffic();
+#endif
+  err = tfgc::gpu::TopKSamplePlan(dt, x, n, k, m, rounds, seed, g_scratch,
+                                  nullptr);
+  if (err == 0) {
+    err = tfgc::gpu::TopKSampleOutputSize(m, n, k, g_scratch, nullptr,
+                                          out_size);
   }
-  return tfgc::gpu::TopKSampleWrite(dt, x, n, plan, values, indices,
-                                    zero_selected, g_scratch, nullptr);
+  if (err == 0 && *out_size > capacity) {
+    err = static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (err == 0) {
+    err = tfgc::gpu::TopKSampleWrite(dt, x, n, *out_size, values, indices,
+                                     zero_selected, g_scratch, nullptr);
+  }
+#if defined(TFGC_CUDA_EMULATION)
+  const tfgc::emu::HostTraffic& after = tfgc::emu::Traffic();
+  g_top_k_traffic = {after.waits - before.waits,
+                     after.to_host - before.to_host,
+                     after.from_host - before.from_host};
+#endif
+  return err;
 }
 
 int tfgc_add_residual(int dtype, const void* g, const void* r, void* acc,
@@ -223,6 +242,17 @@ int tfgc_emulation_configure(int multiprocessors, int max_grid_x,
   config.schedule = static_cast<tfgc::emu::Schedule>(schedule);
   config.seed = seed;
   tfgc::emu::Configure(config);
+  return 0;
+}
+
+// The host waits, copies to the host and copies from the host of the
+// launchers of the last tfgc_top_k_sample (traffic[3]): none in mstopk and
+// trimmed modes, at most one wait and one copy to the host in threshold
+// mode (its output size).
+int tfgc_emulation_top_k_sample_traffic(int64_t* traffic) {
+  traffic[0] = g_top_k_traffic.waits;
+  traffic[1] = g_top_k_traffic.to_host;
+  traffic[2] = g_top_k_traffic.from_host;
   return 0;
 }
 

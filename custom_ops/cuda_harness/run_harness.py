@@ -205,6 +205,7 @@ class Harness:
                 i32, i32, i32, ctypes.c_uint64,
             ]  # fmt: skip
             self.lib.tfgc_emulation_convert.argtypes = [i32, vp, i64, vp, vp]
+            self.lib.tfgc_emulation_top_k_sample_traffic.argtypes = [vp]
 
     def check(self, err: int, what: str) -> None:
         if err != 0:
@@ -257,7 +258,9 @@ class Harness:
         flush: bool = False,
     ):
         """(values, indices, x with the selection zeroed or None); `flush`
-        runs it with the calling thread flushing denormals."""
+        runs it with the calling thread flushing denormals. Under the
+        emulation, `top_k_traffic` then holds the launchers' (host waits,
+        copies to the host, copies from the host)."""
         n = x.size
         cap = max(1, n)
         d_x = self.to_device(x)
@@ -270,6 +273,10 @@ class Harness:
             d_v, d_i, cap, ctypes.byref(size), d_z, int(flush),
         )  # fmt: skip
         self.check(err, "top_k_sample")
+        if self.emulated:
+            traffic = np.zeros(3, np.int64)
+            self.lib.tfgc_emulation_top_k_sample_traffic(traffic.ctypes.data)
+            self.top_k_traffic = tuple(int(t) for t in traffic)
         v = self.to_host(d_v, [size.value], x.dtype)
         i = self.to_host(d_i, [size.value], np.int32)
         z = self.to_host(d_z, [n], x.dtype) if zero else None
@@ -617,6 +624,38 @@ def top_k_inputs(
             rng.standard_normal(n),
         ).astype(np.float32)
         yield f"zeros, subnormals and normals {n=}", x, (dtype,), None
+    # Inputs that stress the GPU plan (radix select, bisection from order
+    # statistics, counts at its final thresholds): heavy tails, a huge
+    # outlier (a coarse bisection grid: every threshold but the last few
+    # is above all other keys), mostly zeros and equal keys (ties across
+    # every digit of the radix select), with k = 1, n, and 2k > n.
+    ks = [1, 2, max(1, n // 50), n // 2 + 1, max(1, n - 1), n]
+    big = max(sizes)
+    x = rng.standard_t(2, big).astype(np.float32)
+    big_ks = [1, max(1, big // 1000), big // 2 + 1, big]
+    yield f"student-t df 2 n={big}", x, DTYPES, big_ks
+    # Over more than one chunk (256 tiles of 2048 elements) of the GPU's
+    # tile scan.
+    many = 700_001
+    x = rng.standard_t(2, many).astype(np.float32)
+    yield f"student-t df 2 n={many}", x, DTYPES, [700, many // 2 + 1]
+    for dtype in DTYPES:
+        x = rng.standard_normal(n).astype(np.float32)
+        x[n // 3] = 6e4 if dtype == "float16" else -1e30
+        yield f"one huge outlier {n=}", x, (dtype,), ks
+    x = np.zeros(n, np.float32)
+    live = rng.random(n) < 0.02
+    x[live] = rng.standard_normal(int(live.sum()))
+    yield f"98% zeros {n=}", x, DTYPES, ks
+    x = np.where(rng.random(n) < 0.5, -0.75, 0.75).astype(np.float32)
+    yield f"equal magnitudes {n=}", x, DTYPES, ks
+
+
+def expected_traffic(mode: str, n: int, k: int) -> tuple[int, int, int]:
+    """What TopKSample's launchers may ask of the host: (waits, copies to
+    the host, copies from the host). Nothing in the exact-k modes; one copy
+    of the output size and one wait in threshold mode."""
+    return (1, 1, 0) if mode == "threshold" and n > 0 and k > 0 else (0, 0, 0)
 
 
 def check_top_k_sample(h: Harness, sizes, setup, verbose) -> int:
@@ -624,7 +663,8 @@ def check_top_k_sample(h: Harness, sizes, setup, verbose) -> int:
     host thread flushing denormals (FTZ and DAZ, as TensorFlow's threads
     do; under the emulation the device code too, as with nvcc -ftz=true),
     and the subnormal cases always do: keys compared as integers give the
-    same selection in either mode."""
+    same selection in either mode. Under the emulation the launchers' host
+    synchronisations and copies must also be `expected_traffic`'s."""
     failures = 0
     rng = np.random.default_rng(0)
     case = 0
@@ -647,6 +687,12 @@ def check_top_k_sample(h: Harness, sizes, setup, verbose) -> int:
                     )
                     want = np_select(keys_of, k, mode, seed=seed)
                     ok = np.array_equal(i, want) and same_bits(v, x[want])
+                    traffic = ""
+                    if h.emulated:
+                        ok = ok and h.top_k_traffic == expected_traffic(
+                            mode, n, k
+                        )
+                        traffic = f" host traffic {h.top_k_traffic}"
                     if zero:
                         z_want = x.copy()
                         z_want[want] = 0
@@ -655,7 +701,7 @@ def check_top_k_sample(h: Harness, sizes, setup, verbose) -> int:
                         print(
                             f"{'ok' if ok else 'MISMATCH'} top_k_sample "
                             f"{name} {k=} {mode} {dtype} {zero=} "
-                            f"flush_denormals={flush}{where}",
+                            f"flush_denormals={flush}{traffic}{where}",
                             flush=True,
                         )
                     failures += not ok

@@ -4,23 +4,44 @@
 // TF glue (top_k_sample_kernels.cc, GOOGLE_CUDA) and the standalone harness
 // (custom_ops/cuda_harness/) both link it as is.
 //
-// Plan: statistics in one pass (per-block partials combined on the host in
-// block order, so the mean is deterministic); the (k+1)-th and, for the
-// threshold search, 2k-th largest keys by a bisection over the keys (one
-// counting pass and one copy to the host per round); the bisection on ratio
-// from those (BisectByOrder, no pass); the counts at its final thresholds;
-// then one ordered write: per-tile counts, an exclusive scan on the host,
-// and a kernel that writes every selected element at its rank. Trimmed
-// top-k (and the threshold search's exact fallback) finds the k-th largest
-// key the same way. Keys are compared as integers (the header says
-// why), so that neither -ftz=true device code nor a host thread that
-// flushes denormals changes a result. Grid sizes come from the device's
-// multiprocessor count and maximum grid size.
+// The whole selection runs on the stream it is given, with no host
+// synchronisation in mstopk and trimmed modes and one in threshold mode,
+// whose output size depends on the data (TopKSampleOutputSize). Every
+// intermediate result stays in the scratch buffer. Selections rest on
+// order statistics (the header says why): trimmed top-k (and the threshold
+// search's exact fallback) on the k-th largest key, the bisections of
+// mstopk and threshold, which BisectByOrder runs on the device, on the
+// (k+1)-th and 2k-th largest keys. Kernels, in stream order:
+//   1. HistKernel, pass 0: the statistics (sum, max and count of the finite
+//      keys, per block; not for trimmed top-k) and a histogram of the top
+//      11 bits (30..20) of every key; SelectDigitKernel (one block) finds
+//      the digit of every wanted rank (up to three: k, k + 1, 2k).
+//   2. Passes 1 and 2 of the radix select: a histogram of bits 19..9, then
+//      8..0, of the keys whose higher bits are those found for a rank
+//      (ranks sharing a prefix share a histogram), each followed by
+//      SelectDigitKernel. After them every rank's key is known exactly, and
+//      how many keys are above it.
+//   3. PlanKernel (one thread): the mean and max from the per-block
+//      partials in block order (deterministic), BisectByOrder, and the
+//      SelectionPlan's thresholds (MsTopKPlan, ThresholdPlan or ExactPlan).
+//   4. TileCountKernel: per tile of 2048 elements, the number of keys above
+//      the plan's thresholds and in its band (for mstopk and threshold
+//      these are the counts at the bisection's final hi and lo thresholds),
+//      and integer-atomic totals per chunk of 256 tiles.
+//   5. FinalizeKernel (one block): scans the chunk totals and completes the
+//      plan from the totals, in device memory.
+//   6. TileScanKernel: every tile's offsets (chunk offset plus a block scan
+//      inside the chunk).
+//   7. WriteKernel: every selected element at its rank, in index order.
+// So five passes over the input (1, two in 2, 4 and 7) and no floating-point
+// atomics: every result is the same on every run. Keys are compared as
+// integers (the header says why), so that neither -ftz=true device code nor
+// a host thread that flushes denormals changes a result. Grid sizes come
+// from the device's multiprocessor count and maximum grid size.
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include "custom_ops/cc/kernels/cuda_launch.h"
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
@@ -31,7 +52,30 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kItems = 8;
-constexpr int kTile = kThreads * kItems;
+constexpr int kTile = kThreads * kItems;  // elements per tile of the write
+constexpr int kChunk = kThreads;          // tiles per chunk of the scan
+constexpr int kRanks = 3;                 // order statistics at most
+constexpr int kPasses = 3;                // digits of the radix select
+constexpr int kMaxBins = 2048;            // of a digit
+
+// The radix select's digits of a (31-bit) key, most significant first:
+// bits 30..20, 19..9 and 8..0.
+__host__ __device__ constexpr int DigitShift(int pass) {
+  return pass == 0 ? 20 : (pass == 1 ? 9 : 0);
+}
+__host__ __device__ constexpr int DigitBits(int pass) {
+  return pass == 2 ? 9 : 11;
+}
+// The key bits above pass `pass`'s digit are key >> PrefixShift(pass).
+__host__ __device__ constexpr int PrefixShift(int pass) {
+  return pass == 0 ? 31 : DigitShift(pass - 1);
+}
+
+static_assert((1 << DigitBits(0)) == kMaxBins, "bins of the first pass");
+static_assert(DigitShift(kPasses - 1) == 0 &&
+                  DigitShift(0) + DigitBits(0) == 31,
+              "the digits cover the 31 bits of a key");
+static_assert((1 << DigitBits(2)) % kThreads == 0, "whole bins per thread");
 
 __device__ __forceinline__ float ToFloat(float v) { return v; }
 __device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
@@ -53,61 +97,87 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
-// The key of top_k_sample_kernels.h: the bits of |v| in float32, NaN's
-// those of +inf.
+// The key of an element (float16 and bfloat16 widen to float32 exactly).
 template <typename T>
 __device__ __forceinline__ uint32_t Key(T v) {
-  const uint32_t bits = __float_as_uint(ToFloat(v)) & 0x7fffffffu;
-  return bits < kInfKey ? bits : kInfKey;
+  return KeyOf(ToFloat(v));
 }
 
-struct DeviceLimits {
-  int sms = 1;
-  int max_grid = 65535;
+// The ranks (1 <= r <= n) whose keys the mode reads, and where they are.
+struct Ranks {
+  int64_t r[kRanks];
+  int count;
+  int k, k1, k2;  // the index of rank k, k + 1 and 2k in r; -1 if unused
 };
 
-DeviceLimits Limits() {
-  DeviceLimits d;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return d;
-  cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
-  cudaDeviceGetAttribute(&d.max_grid, cudaDevAttrMaxGridDimX, dev);
-  if (d.sms < 1) d.sms = 1;
-  if (d.max_grid < 1) d.max_grid = 65535;
-  return d;
-}
+// The radix select's progress, in device memory.
+struct RadixState {
+  int64_t remaining[kRanks];  // the rank inside the bucket found so far
+  int64_t greater[kRanks];    // keys above that bucket
+  uint32_t prefix[kRanks];    // the bucket: the key bits found so far
+  int slot[kRanks];           // the histogram counting the rank's bucket
+  uint32_t slot_prefix[kRanks];
+  int slots;
+};
 
-// Grid for a grid-stride loop over n elements: a few blocks per SM.
-int StrideGrid(int64_t n, const DeviceLimits& d) {
-  const int64_t want = (n + kThreads - 1) / kThreads;
-  const int64_t cap = std::min<int64_t>(int64_t{d.sms} * 8, d.max_grid);
-  return static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
-}
+// How FinalizeKernel completes the plan from the counts.
+enum PlanKind : int { kMsTopKKind = 0, kThresholdKind = 1, kExactKind = 2 };
 
-int64_t NumTiles(int64_t n) { return (n + kTile - 1) / kTile; }
+// Everything the plan needs after the passes, in device memory.
+struct DeviceState {
+  RadixState radix;
+  BisectionEnd end;
+  int kind;
+  SelectionPlan plan;
+};
 
-// Scratch layout (bytes, 16-aligned pieces).
-struct Layout {
-  int64_t stats_blocks;
-  int64_t tiles;
-  int64_t sum_off, max_off, fin_off, count_off, tile_off, total;
+struct PlanArgs {
+  TopKSampleMode mode;
+  int rounds;
+  int64_t n, k, seed;
+  int stats_blocks;
 };
 
 int64_t Align(int64_t v) { return (v + 15) / 16 * 16; }
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-Layout MakeLayout(int64_t n, const DeviceLimits& d) {
+// Scratch layout (bytes, 16-aligned pieces): the DeviceState first, then
+// the rest. Histograms and chunk totals are one zeroed region.
+struct Layout {
+  int64_t stats_blocks, tiles, chunks;
+  int64_t sum_off, max_off, fin_off;
+  int64_t hist_off[kPasses];
+  int64_t chunk_total_off, zero_bytes;
+  int64_t chunk_off_off, count_off, tile_off_off, total;
+};
+
+Layout MakeLayout(int64_t n) {
   Layout l;
-  l.stats_blocks = StrideGrid(n, d);
-  l.tiles = std::max<int64_t>(1, NumTiles(n));
-  l.sum_off = 0;
+  l.stats_blocks = StrideGridFor(n, kThreads);
+  l.tiles = std::max<int64_t>(1, CeilDiv(n, kTile));
+  l.chunks = CeilDiv(l.tiles, kChunk);
+  l.sum_off = Align(sizeof(DeviceState));
   l.max_off = Align(l.sum_off + 8 * l.stats_blocks);
   l.fin_off = Align(l.max_off + 4 * l.stats_blocks);
-  l.count_off = Align(l.fin_off + 8 * l.stats_blocks);
-  l.tile_off = Align(l.count_off + 8);
-  // Per tile: above count, band count (int32), then their exclusive offsets
-  // (int64 each).
-  l.total = Align(l.tile_off + l.tiles * (2 * 4 + 2 * 8));
+  int64_t off = Align(l.fin_off + 8 * l.stats_blocks);
+  const int64_t zero_begin = off;
+  for (int p = 0; p < kPasses; ++p) {
+    l.hist_off[p] = off;
+    off = Align(off + (int64_t{4 * (p == 0 ? 1 : kRanks)} << DigitBits(p)));
+  }
+  l.chunk_total_off = off;  // [chunks][2] uint64: above, band
+  off = Align(off + 16 * l.chunks);
+  l.zero_bytes = off - zero_begin;
+  l.chunk_off_off = off;  // [chunks][2] int64
+  l.count_off = Align(off + 16 * l.chunks);  // [2][tiles] int32
+  l.tile_off_off = Align(l.count_off + 8 * l.tiles);  // [2][tiles] int64
+  l.total = Align(l.tile_off_off + 16 * l.tiles);
   return l;
+}
+
+// Grid of a grid-stride loop over `items` blocks of work.
+int GridFor(int64_t items) {
+  return StrideGridFor(items * kThreads, kThreads);
 }
 
 template <typename V>
@@ -123,6 +193,29 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
+// Exclusive scan of one value per thread of the block; *total gets the
+// block's sum. Every thread must call it (it has barriers).
+template <typename V>
+__device__ __forceinline__ V BlockExclusiveScan(V v, V* total) {
+  __shared__ V s_warp[kThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  V incl = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const V y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) s_warp[warp] = incl;
+  __syncthreads();
+  V warp_base = 0, sum = 0;
+  for (int w = 0; w < kThreads / 32; ++w) {
+    if (w < warp) warp_base += s_warp[w];
+    sum += s_warp[w];
+  }
+  __syncthreads();
+  *total = sum;
+  return warp_base + incl - v;
+}
+
 template <typename T>
 __global__ void AddKernel(const T* g, const T* r, T* acc, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -131,22 +224,66 @@ __global__ void AddKernel(const T* g, const T* r, T* acc, int64_t n) {
   }
 }
 
-template <typename T>
-__global__ void StatsKernel(const T* x, int64_t n, double* sums, float* maxs,
-                            unsigned long long* finites) {
+// One pass of the radix select: `hist` (global, zeroed) += the histogram of
+// the digit of pass `pass` over the keys in the buckets of `state` (pass 0:
+// every key; no histogram when `hist` is null). With kStats, also this
+// block's partial statistics (sum, max and count of the finite keys, a
+// subnormal one as 0) at sums/maxs/finites[blockIdx.x]. Each thread adds
+// runs of equal bins at once, so that mostly-zero or constant inputs do not
+// serialise on one shared-memory counter.
+template <typename T, bool kStats>
+__global__ void HistKernel(const T* x, int64_t n, int pass,
+                           const RadixState* state, uint32_t* hist,
+                           double* sums, float* maxs,
+                           unsigned long long* finites) {
+  __shared__ uint32_t s_hist[kRanks * kMaxBins];
+  const int bits = DigitBits(pass), shift = DigitShift(pass);
+  const int prefix_shift = PrefixShift(pass);
+  const uint32_t digit_mask = (1u << bits) - 1;
+  int slots = hist == nullptr ? 0 : 1;
+  uint32_t slot_prefix[kRanks] = {0, 0, 0};  // pass 0: key >> 31 is 0
+  if (pass > 0 && hist != nullptr) {
+    slots = state->slots;
+    for (int s = 0; s < kRanks; ++s) slot_prefix[s] = state->slot_prefix[s];
+  }
+  const int used = slots << bits;
+  for (int b = threadIdx.x; b < used; b += kThreads) s_hist[b] = 0;
+  __syncthreads();
   double sum = 0.0;
   float mx = 0.0f;
   unsigned long long fin = 0;
+  int run_bin = -1;
+  uint32_t run = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const uint32_t key = Key(x[i]);
-    if (key < kInfKey) {  // finite; a subnormal key counts as 0
+    if (kStats && key < kInfKey) {  // finite; a subnormal key counts as 0
       const float a = key < kMinNormalKey ? 0.0f : __uint_as_float(key);
       sum += a;
       mx = fmaxf(mx, a);
       ++fin;
     }
+    // Slots have distinct prefixes: at most one matches.
+    const uint32_t high = key >> prefix_shift;
+    int bin = -1;
+    for (int s = 0; s < kRanks; ++s) {
+      if (s < slots && high == slot_prefix[s]) {
+        bin = (s << bits) | static_cast<int>((key >> shift) & digit_mask);
+      }
+    }
+    if (bin != run_bin) {
+      if (run != 0) atomicAdd(&s_hist[run_bin], run);
+      run_bin = bin;
+      run = 0;
+    }
+    run += bin >= 0;
   }
+  if (run != 0) atomicAdd(&s_hist[run_bin], run);
+  __syncthreads();
+  for (int b = threadIdx.x; b < used; b += kThreads) {
+    if (s_hist[b] != 0) atomicAdd(&hist[b], s_hist[b]);
+  }
+  if (!kStats) return;
   __shared__ double s_sum[kThreads / 32];
   __shared__ float s_max[kThreads / 32];
   __shared__ unsigned long long s_fin[kThreads / 32];
@@ -175,43 +312,123 @@ __global__ void StatsKernel(const T* x, int64_t n, double* sums, float* maxs,
   }
 }
 
-// count += number of keys >= thr (> thr when strict).
-template <typename T>
-__global__ void CountKernel(const T* x, int64_t n, uint32_t thr, bool strict,
-                            unsigned long long* count) {
-  unsigned long long c = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const uint32_t a = Key(x[i]);
-    c += strict ? (a > thr) : (a >= thr);
+// One block, after HistKernel's pass `pass`: for every rank, the digit of
+// its key (the bucket, counted from the largest digit down, holding the
+// rank), then the histogram slots of the next pass (one per distinct
+// prefix). Pass 0 starts the state from `ranks`.
+__global__ void SelectDigitKernel(int pass, Ranks ranks, RadixState* state,
+                                  const uint32_t* hist) {
+  __shared__ int s_digit;
+  __shared__ int64_t s_above;
+  const int bits = DigitBits(pass);
+  const int bins = 1 << bits;
+  const int per = bins / kThreads;
+  // Thread t holds the digits top, top - 1, ..., top - per + 1.
+  const int top = bins - 1 - static_cast<int>(threadIdx.x) * per;
+  for (int j = 0; j < ranks.count; ++j) {
+    const int64_t rem = pass == 0 ? ranks.r[j] : state->remaining[j];
+    const uint32_t* h = hist + ((pass == 0 ? 0 : state->slot[j]) << bits);
+    if (threadIdx.x == 0) {
+      s_digit = 0;
+      s_above = 0;
+    }
+    int64_t local = 0;
+    for (int i = 0; i < per; ++i) local += h[top - i];
+    int64_t total;
+    int64_t before = BlockExclusiveScan(local, &total);  // higher digits
+    for (int i = 0; i < per; ++i) {
+      const int64_t c = h[top - i];
+      if (before < rem && rem <= before + c) {
+        s_digit = top - i;
+        s_above = before;
+      }
+      before += c;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const uint32_t prefix = pass == 0 ? 0u : state->prefix[j];
+      const int64_t greater = pass == 0 ? 0 : state->greater[j];
+      state->prefix[j] = prefix << bits | static_cast<uint32_t>(s_digit);
+      state->greater[j] = greater + s_above;
+      state->remaining[j] = rem - s_above;
+    }
+    __syncthreads();
   }
-  c = WarpSum(c);
-  if (threadIdx.x % 32 == 0 && c != 0) atomicAdd(count, c);
+  if (threadIdx.x == 0) {
+    int slots = 0;
+    for (int j = 0; j < ranks.count; ++j) {
+      int s = -1;
+      for (int t = 0; t < slots; ++t) {
+        if (state->slot_prefix[t] == state->prefix[j]) s = t;
+      }
+      if (s < 0) {
+        s = slots++;
+        state->slot_prefix[s] = state->prefix[j];
+      }
+      state->slot[j] = s;
+    }
+    state->slots = slots;
+  }
 }
 
-struct DevicePlan {
-  bool has_above;
-  bool above_strict;
-  uint32_t above;  // keys
-  bool has_band_lo;
-  uint32_t band_lo;
-  int64_t start;
-  int64_t need;
-};
+// The key of rank index j after the last pass (kNoRank when unused).
+__device__ __forceinline__ int64_t RankKey(const RadixState& r, int j) {
+  return j < 0 ? kNoRank : static_cast<int64_t>(r.prefix[j]);
+}
 
-__device__ __forceinline__ int Classify(const DevicePlan& p, uint32_t a) {
-  const bool above =
-      p.has_above && (p.above_strict ? a > p.above : a >= p.above);
-  if (above) return 1;
+// One thread: the statistics from the per-block partials in block order,
+// the bisection, and the plan's thresholds (its counts come later).
+__global__ void PlanKernel(PlanArgs a, Ranks ranks, const double* sums,
+                           const float* maxs,
+                           const unsigned long long* finites,
+                           DeviceState* st) {
+  const RadixState& r = st->radix;
+  int kind = kExactKind;
+  SelectionPlan plan;
+  if (a.mode != TopKSampleMode::kTrimmed) {
+    double sum = 0.0;
+    float mx = 0.0f;
+    unsigned long long fin = 0;
+    for (int b = 0; b < a.stats_blocks; ++b) {
+      sum += sums[b];
+      mx = fmaxf(mx, maxs[b]);
+      fin += finites[b];
+    }
+    const float mean = Mean(sum, static_cast<int64_t>(fin));
+    const BisectionEnd e =
+        BisectByOrder(a.mode, mean, Diff(mx, mean), a.rounds,
+                      RankKey(r, ranks.k1), RankKey(r, ranks.k2));
+    st->end = e;
+    if (a.mode == TopKSampleMode::kMsTopK) {
+      kind = kMsTopKKind;
+      plan = MsTopKPlan(e, 0, 0, a.n, a.k, a.seed);  // thresholds only
+    } else if (e.has_lo) {
+      kind = kThresholdKind;
+      plan = ThresholdPlan(e, 0);
+    }
+  }
+  if (kind == kExactKind) {
+    plan = ExactPlan(r.prefix[ranks.k], r.greater[ranks.k], a.k);
+  }
+  st->kind = kind;
+  st->plan = plan;
+}
+
+// 0: not selected; 1: in the plan's above set; 2: in its band.
+__device__ __forceinline__ int Classify(const SelectionPlan& p, uint32_t a) {
+  if (IsAbove(p, a)) return 1;
   if (!p.has_band_lo || a >= p.band_lo) return 2;
   return 0;
 }
 
+// Per tile, the keys above the plan's thresholds and in its band; their
+// totals per chunk of kChunk tiles (integer atomics, so deterministic).
 template <typename T>
-__global__ void TileCountKernel(const T* x, int64_t n, DevicePlan p,
-                                int64_t tiles, int32_t* above_counts,
-                                int32_t* band_counts) {
+__global__ void TileCountKernel(const T* x, int64_t n, int64_t tiles,
+                                const DeviceState* st, int32_t* counts,
+                                unsigned long long* chunk_totals) {
   __shared__ int s_a[kThreads / 32], s_b[kThreads / 32];
+  const SelectionPlan p = st->plan;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     int ca = 0, cb = 0;
     const int64_t base = tile * kTile;
@@ -236,47 +453,82 @@ __global__ void TileCountKernel(const T* x, int64_t n, DevicePlan p,
         ta += s_a[w];
         tb += s_b[w];
       }
-      above_counts[tile] = ta;
-      band_counts[tile] = tb;
+      counts[tile] = ta;
+      counts[tiles + tile] = tb;
+      unsigned long long* chunk = chunk_totals + 2 * (tile / kChunk);
+      if (ta != 0) atomicAdd(&chunk[0], static_cast<unsigned long long>(ta));
+      if (tb != 0) atomicAdd(&chunk[1], static_cast<unsigned long long>(tb));
     }
     __syncthreads();
   }
 }
 
-// Inclusive block scan of one int per thread; returns the exclusive prefix
-// and the block total.
-__device__ __forceinline__ int BlockExclusiveScan(int v, int* total) {
-  __shared__ int s_warp[kThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int incl = v;
-  for (int o = 1; o < 32; o <<= 1) {
-    const int y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
+// One block: exclusive offsets of the chunks, then the plan completed from
+// the totals (the counts above the thresholds and in the band).
+__global__ void FinalizeKernel(PlanArgs a, int64_t chunks,
+                               const unsigned long long* chunk_totals,
+                               int64_t* chunk_offsets, DeviceState* st) {
+  int64_t carry_a = 0, carry_b = 0;
+  for (int64_t first = 0; first < chunks; first += kThreads) {
+    const int64_t c = first + threadIdx.x;
+    const int64_t va =
+        c < chunks ? static_cast<int64_t>(chunk_totals[2 * c]) : 0;
+    const int64_t vb =
+        c < chunks ? static_cast<int64_t>(chunk_totals[2 * c + 1]) : 0;
+    int64_t ta, tb;
+    const int64_t ea = BlockExclusiveScan(va, &ta);
+    const int64_t eb = BlockExclusiveScan(vb, &tb);
+    if (c < chunks) {
+      chunk_offsets[2 * c] = carry_a + ea;
+      chunk_offsets[2 * c + 1] = carry_b + eb;
+    }
+    carry_a += ta;
+    carry_b += tb;
   }
-  if (lane == 31) s_warp[warp] = incl;
-  __syncthreads();
-  int warp_base = 0, sum = 0;
-  for (int w = 0; w < kThreads / 32; ++w) {
-    if (w < warp) warp_base += s_warp[w];
-    sum += s_warp[w];
+  if (threadIdx.x == 0) {
+    const int64_t above = carry_a, band = carry_b;
+    if (st->kind == kMsTopKKind) {
+      st->plan = MsTopKPlan(st->end, above, above + band, a.n, a.k, a.seed);
+    } else if (st->kind == kThresholdKind) {
+      st->plan = ThresholdPlan(st->end, above);
+    }  // an ExactPlan is complete (`above` equals its above_count)
   }
-  __syncthreads();
-  *total = sum;
-  return warp_base + incl - v;
 }
 
-// Writes every selected element of each tile at its output rank. Items are
-// visited in index order: item j of the tile's row-major [kItems, kThreads]
-// layout is element base + j * kThreads + thread, and ranks are scanned per
-// row, so the output stays in index order.
+// Every tile's exclusive offsets: its chunk's plus a block scan of the
+// chunk's tiles, one per thread.
+__global__ void TileScanKernel(int64_t tiles, int64_t chunks,
+                               const int32_t* counts,
+                               const int64_t* chunk_offsets,
+                               int64_t* tile_offsets) {
+  for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const int64_t t = c * kChunk + threadIdx.x;
+    const int64_t a = t < tiles ? counts[t] : 0;
+    const int64_t b = t < tiles ? counts[tiles + t] : 0;
+    int64_t ta, tb;
+    const int64_t ea = BlockExclusiveScan(a, &ta);
+    const int64_t eb = BlockExclusiveScan(b, &tb);
+    if (t < tiles) {
+      tile_offsets[t] = chunk_offsets[2 * c] + ea;
+      tile_offsets[tiles + t] = chunk_offsets[2 * c + 1] + eb;
+    }
+  }
+}
+
+// Writes every selected element of each tile at its output rank (below
+// `size`, the plan's output size). Items are visited in index order: item j
+// of the tile's row-major [kItems, kThreads] layout is element
+// base + j * kThreads + thread, and ranks are scanned per row, so the output
+// stays in index order.
 template <typename T>
-__global__ void WriteKernel(const T* x, int64_t n, DevicePlan p,
-                            int64_t tiles, const int64_t* above_offsets,
-                            const int64_t* band_offsets, T* values,
-                            int32_t* indices, T* zero) {
+__global__ void WriteKernel(const T* x, int64_t n, int64_t tiles,
+                            const DeviceState* st,
+                            const int64_t* tile_offsets, int64_t size,
+                            T* values, int32_t* indices, T* zero) {
+  const SelectionPlan p = st->plan;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    int64_t above_before = above_offsets[tile];
-    int64_t band_before = band_offsets[tile];
+    int64_t above_before = tile_offsets[tile];
+    int64_t band_before = tile_offsets[tiles + tile];
     const int64_t base = tile * kTile;
     for (int j = 0; j < kItems; ++j) {
       const int64_t i = base + j * kThreads + threadIdx.x;
@@ -287,13 +539,13 @@ __global__ void WriteKernel(const T* x, int64_t n, DevicePlan p,
         c = Classify(p, Key(v));
       }
       int total_a, total_b;
-      const int ea = BlockExclusiveScan(c == 1, &total_a);
-      const int eb = BlockExclusiveScan(c == 2, &total_b);
+      const int ea = BlockExclusiveScan(static_cast<int>(c == 1), &total_a);
+      const int eb = BlockExclusiveScan(static_cast<int>(c == 2), &total_b);
       if (c != 0) {
         const int64_t a_rank = above_before + ea;
         const int64_t b_rank = band_before + eb;
         int64_t pos = -1;
-        if (c == 1) {
+        if (c == 1) {  // after the band elements taken before it
           const int64_t sel = b_rank < p.start
                                   ? 0
                                   : (b_rank - p.start < p.need
@@ -303,7 +555,7 @@ __global__ void WriteKernel(const T* x, int64_t n, DevicePlan p,
         } else if (b_rank >= p.start && b_rank < p.start + p.need) {
           pos = a_rank + (b_rank - p.start);
         }
-        if (pos >= 0) {
+        if (pos >= 0 && pos < size) {
           values[pos] = v;
           indices[pos] = static_cast<int32_t>(i);
           if (zero != nullptr) zero[i] = FromFloat<T>(0.0f);
@@ -329,174 +581,97 @@ int Dispatch(DType dtype, F&& body) {
   return static_cast<int>(cudaErrorInvalidValue);
 }
 
-template <typename T>
-class Counter {
- public:
-  Counter(const T* x, int64_t n, unsigned long long* dev, cudaStream_t s,
-          const DeviceLimits& d)
-      : x_(x), n_(n), dev_(dev), s_(s), grid_(StrideGrid(n, d)) {}
-
-  // Number of keys >= thr (> thr when strict); -1 on a CUDA error.
-  int64_t operator()(uint32_t thr, bool strict) {
-    if (cudaMemsetAsync(dev_, 0, sizeof(*dev_), s_) != cudaSuccess) return -1;
-    LaunchKernel(CountKernel<T>, grid_, kThreads, 0, s_, x_, n_, thr, strict,
-                 dev_);
-    unsigned long long host = 0;
-    if (cudaMemcpyAsync(&host, dev_, sizeof(host), cudaMemcpyDeviceToHost,
-                        s_) != cudaSuccess ||
-        cudaStreamSynchronize(s_) != cudaSuccess) {
-      return -1;
-    }
-    return static_cast<int64_t>(host);
-  }
-
- private:
-  const T* x_;
-  int64_t n_;
-  unsigned long long* dev_;
-  cudaStream_t s_;
-  int grid_;
-};
-
-// The r-th largest key (1 <= r <= n) by bisection over the keys (count(>=
-// 0) = n >= r); -1 on a CUDA error.
-template <typename T>
-int64_t KthLargestKey(Counter<T>& count, int64_t r) {
-  uint32_t lo = 0, hi = kInfKey;  // count(>= lo) >= r holds at lo = 0
-  while (lo < hi) {
-    const uint32_t mid = lo + (hi - lo + 1) / 2;
-    const int64_t c = count(mid, false);
-    if (c < 0) return -1;
-    if (c >= r) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
-}
-
-// The r-th largest key, kNoRank when r > n; false on a CUDA error.
-template <typename T>
-bool RankKey(Counter<T>& count, int64_t n, int64_t r, int64_t* key) {
-  *key = r > n ? kNoRank : KthLargestKey(count, r);
-  return r > n || *key >= 0;
-}
-
-template <typename T>
-int ExactPlanGpu(Counter<T>& count, int64_t k, SelectionPlan* plan) {
-  const int64_t v = KthLargestKey(count, k);
-  if (v < 0) return static_cast<int>(cudaErrorUnknown);
-  const int64_t greater = count(static_cast<uint32_t>(v), true);
-  if (greater < 0) return static_cast<int>(cudaErrorUnknown);
-  *plan = ExactPlan(static_cast<uint32_t>(v), greater, k);
-  return 0;
+// The ranks `mode` reads (those <= n): trimmed top-k the k-th largest key;
+// mstopk the (k+1)-th; the threshold search the (k+1)-th, the 2k-th and,
+// for its exact fallback, the k-th.
+Ranks WantedRanks(TopKSampleMode mode, int64_t n, int64_t k) {
+  Ranks ranks{};
+  ranks.k = ranks.k1 = ranks.k2 = -1;
+  auto want = [&](int64_t r, int* index) {
+    if (r > n) return;
+    *index = ranks.count;
+    ranks.r[ranks.count++] = r;
+  };
+  if (mode != TopKSampleMode::kTrimmed) want(k + 1, &ranks.k1);
+  if (mode == TopKSampleMode::kThreshold) want(2 * k, &ranks.k2);
+  if (mode != TopKSampleMode::kMsTopK) want(k, &ranks.k);
+  return ranks;
 }
 
 template <typename T>
 int PlanTyped(const T* x, int64_t n, int64_t k, TopKSampleMode mode,
-              int rounds, int64_t seed, char* scratch, cudaStream_t s,
-              SelectionPlan* plan) {
-  const DeviceLimits d = Limits();
-  const Layout l = MakeLayout(n, d);
+              int rounds, int64_t seed, char* scratch, cudaStream_t s) {
+  const Layout l = MakeLayout(n);
+  auto* st = reinterpret_cast<DeviceState*>(scratch);
   auto* sums = reinterpret_cast<double*>(scratch + l.sum_off);
   auto* maxs = reinterpret_cast<float*>(scratch + l.max_off);
   auto* fins = reinterpret_cast<unsigned long long*>(scratch + l.fin_off);
-  auto* counter =
-      reinterpret_cast<unsigned long long*>(scratch + l.count_off);
-  Counter<T> count(x, n, counter, s, d);
-  if (mode == TopKSampleMode::kTrimmed) return ExactPlanGpu(count, k, plan);
+  uint32_t* hist[kPasses];
+  for (int p = 0; p < kPasses; ++p) {
+    hist[p] = reinterpret_cast<uint32_t*>(scratch + l.hist_off[p]);
+  }
+  auto* chunk_totals =
+      reinterpret_cast<unsigned long long*>(scratch + l.chunk_total_off);
+  auto* chunk_offsets = reinterpret_cast<int64_t*>(scratch + l.chunk_off_off);
+  auto* counts = reinterpret_cast<int32_t*>(scratch + l.count_off);
+  auto* tile_offsets = reinterpret_cast<int64_t*>(scratch + l.tile_off_off);
+  const Ranks ranks = WantedRanks(mode, n, k);
+  const PlanArgs args{mode, rounds, n, k, seed,
+                      static_cast<int>(l.stats_blocks)};
 
-  const int grid = static_cast<int>(l.stats_blocks);
-  LaunchKernel(StatsKernel<T>, grid, kThreads, 0, s, x, n, sums, maxs, fins);
-  std::vector<double> h_sum(grid);
-  std::vector<float> h_max(grid);
-  std::vector<unsigned long long> h_fin(grid);
-  cudaMemcpyAsync(h_sum.data(), sums, 8 * grid, cudaMemcpyDeviceToHost, s);
-  cudaMemcpyAsync(h_max.data(), maxs, 4 * grid, cudaMemcpyDeviceToHost, s);
-  cudaMemcpyAsync(h_fin.data(), fins, 8 * grid, cudaMemcpyDeviceToHost, s);
-  cudaError_t err = cudaStreamSynchronize(s);
+  cudaError_t err =
+      cudaMemsetAsync(scratch + l.hist_off[0], 0, l.zero_bytes, s);
   if (err != cudaSuccess) return static_cast<int>(err);
-  double sum = 0.0;
-  float mx = 0.0f;
-  unsigned long long fin = 0;
-  for (int b = 0; b < grid; ++b) {
-    sum += h_sum[b];
-    mx = std::max(mx, h_max[b]);
-    fin += h_fin[b];
+  const int grid = static_cast<int>(l.stats_blocks);
+  RadixState* radix = &st->radix;
+  uint32_t* hist0 = ranks.count > 0 ? hist[0] : nullptr;
+  if (mode == TopKSampleMode::kTrimmed) {
+    LaunchKernel(HistKernel<T, false>, grid, kThreads, 0, s, x, n, 0, radix,
+                 hist0, nullptr, nullptr, nullptr);
+  } else {
+    LaunchKernel(HistKernel<T, true>, grid, kThreads, 0, s, x, n, 0, radix,
+                 hist0, sums, maxs, fins);
   }
-  const float mean = Mean(sum, static_cast<int64_t>(fin));
-  if (fin == 0) mx = 0.0f;
-  const float diff = Diff(mx, mean);
-  const bool strict = mode == TopKSampleMode::kThreshold;
-  int64_t v1 = kNoRank, v2 = kNoRank;
-  if (!RankKey(count, n, k + 1, &v1) ||
-      (strict && !RankKey(count, n, 2 * k, &v2))) {
-    return static_cast<int>(cudaErrorUnknown);
+  if (ranks.count > 0) {
+    for (int p = 0; p < kPasses; ++p) {
+      if (p > 0) {
+        LaunchKernel(HistKernel<T, false>, grid, kThreads, 0, s, x, n, p,
+                     radix, hist[p], nullptr, nullptr, nullptr);
+      }
+      LaunchKernel(SelectDigitKernel, 1, kThreads, 0, s, p, ranks, radix,
+                   hist[p]);
+    }
   }
-  const BisectionEnd e = BisectByOrder(mode, mean, diff, rounds, v1, v2);
-  const int64_t lo_count = e.has_lo ? count(e.lo, strict) : n;
-  const int64_t hi_count = e.has_hi ? count(e.hi, strict) : 0;
-  if (lo_count < 0 || hi_count < 0) return static_cast<int>(cudaErrorUnknown);
-  if (mode == TopKSampleMode::kMsTopK) {
-    *plan = MsTopKPlan(e, hi_count, lo_count, n, k, seed);
-    return 0;
-  }
-  if (e.has_lo) {
-    *plan = ThresholdPlan(e, lo_count);
-    return 0;
-  }
-  return ExactPlanGpu(count, k, plan);
+  LaunchKernel(PlanKernel, 1, 1, 0, s, args, ranks, sums, maxs, fins, st);
+  LaunchKernel(TileCountKernel<T>, GridFor(l.tiles), kThreads, 0, s, x, n,
+               l.tiles, st, counts, chunk_totals);
+  LaunchKernel(FinalizeKernel, 1, kThreads, 0, s, args, l.chunks,
+               chunk_totals, chunk_offsets, st);
+  LaunchKernel(TileScanKernel, GridFor(l.chunks), kThreads, 0, s, l.tiles,
+               l.chunks, counts, chunk_offsets, tile_offsets);
+  return static_cast<int>(cudaGetLastError());
 }
 
 template <typename T>
-int WriteTyped(const T* x, int64_t n, const SelectionPlan& plan, T* values,
+int WriteTyped(const T* x, int64_t n, int64_t size, T* values,
                int32_t* indices, T* zero, char* scratch, cudaStream_t s) {
-  const DeviceLimits d = Limits();
-  const Layout l = MakeLayout(n, d);
-  const int64_t tiles = NumTiles(n);
-  if (tiles == 0 || plan.output_size == 0) return 0;
-  auto* a_cnt = reinterpret_cast<int32_t*>(scratch + l.tile_off);
-  auto* b_cnt = a_cnt + tiles;
-  auto* a_off = reinterpret_cast<int64_t*>(
-      scratch + l.tile_off + Align(2 * 4 * tiles));
-  auto* b_off = a_off + tiles;
-  DevicePlan p{plan.has_above, plan.above_strict, plan.above,
-               plan.has_band_lo, plan.band_lo, plan.start, plan.need};
-  const int grid =
-      static_cast<int>(std::min<int64_t>(tiles, int64_t{d.max_grid}));
-  LaunchKernel(TileCountKernel<T>, grid, kThreads, 0, s, x, n, p, tiles, a_cnt,
-               b_cnt);
-  std::vector<int32_t> h_cnt(2 * tiles);
-  cudaMemcpyAsync(h_cnt.data(), a_cnt, 8 * tiles, cudaMemcpyDeviceToHost, s);
-  cudaError_t err = cudaStreamSynchronize(s);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  std::vector<int64_t> h_off(2 * tiles);
-  int64_t ra = 0, rb = 0;
-  for (int64_t t = 0; t < tiles; ++t) {
-    h_off[t] = ra;
-    h_off[tiles + t] = rb;
-    ra += h_cnt[t];
-    rb += h_cnt[tiles + t];
-  }
-  cudaMemcpyAsync(a_off, h_off.data(), 16 * tiles, cudaMemcpyHostToDevice, s);
-  LaunchKernel(WriteKernel<T>, grid, kThreads, 0, s, x, n, p, tiles, a_off,
-               b_off, values, indices, zero);
-  err = cudaStreamSynchronize(s);  // h_off must outlive the copy
-  if (err != cudaSuccess) return static_cast<int>(err);
+  if (n == 0 || size == 0) return 0;
+  const Layout l = MakeLayout(n);
+  LaunchKernel(WriteKernel<T>, GridFor(l.tiles), kThreads, 0, s, x, n,
+               l.tiles, reinterpret_cast<const DeviceState*>(scratch),
+               reinterpret_cast<const int64_t*>(scratch + l.tile_off_off),
+               size, values, indices, zero);
   return static_cast<int>(cudaGetLastError());
 }
 
 }  // namespace
 
-int64_t TopKSampleScratchBytes(int64_t n) {
-  return MakeLayout(n, Limits()).total;
-}
+int64_t TopKSampleScratchBytes(int64_t n) { return MakeLayout(n).total; }
 
 int AddResidual(DType dtype, const void* gradient, const void* residual,
                 void* acc, int64_t n, void* stream) {
   if (n == 0) return 0;
-  const int grid = StrideGrid(n, Limits());
+  const int grid = StrideGridFor(n, kThreads);
   auto s = static_cast<cudaStream_t>(stream);
   return Dispatch(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -509,23 +684,35 @@ int AddResidual(DType dtype, const void* gradient, const void* residual,
 
 int TopKSamplePlan(DType dtype, const void* x, int64_t n, int64_t k,
                    TopKSampleMode mode, int rounds, int64_t seed,
-                   void* scratch, void* stream, SelectionPlan* plan) {
-  *plan = SelectionPlan();
+                   void* scratch, void* stream) {
   if (k <= 0 || n <= 0) return 0;
   return Dispatch(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     return PlanTyped<T>(static_cast<const T*>(x), n, k, mode, rounds, seed,
                         static_cast<char*>(scratch),
-                        static_cast<cudaStream_t>(stream), plan);
+                        static_cast<cudaStream_t>(stream));
   });
 }
 
+int TopKSampleOutputSize(TopKSampleMode mode, int64_t n, int64_t k,
+                         const void* scratch, void* stream, int64_t* size) {
+  *size = n > 0 ? k : 0;
+  if (mode != TopKSampleMode::kThreshold || *size == 0) return 0;
+  const auto* st = static_cast<const DeviceState*>(scratch);
+  auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t err =
+      cudaMemcpyAsync(size, &st->plan.output_size, sizeof(*size),
+                      cudaMemcpyDeviceToHost, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  return static_cast<int>(err);
+}
+
 int TopKSampleWrite(DType dtype, const void* x, int64_t n,
-                    const SelectionPlan& plan, void* values, int32_t* indices,
+                    int64_t output_size, void* values, int32_t* indices,
                     void* zero_selected, void* scratch, void* stream) {
   return Dispatch(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    return WriteTyped<T>(static_cast<const T*>(x), n, plan,
+    return WriteTyped<T>(static_cast<const T*>(x), n, output_size,
                          static_cast<T*>(values), indices,
                          static_cast<T*>(zero_selected),
                          static_cast<char*>(scratch),

@@ -34,6 +34,19 @@
 #include <cstring>
 #include <limits>
 
+// The arithmetic below (keys, statistics, thresholds, the bisection and the
+// plans) runs on the host and, in top_k_sample_kernels.cu.cc, on the device:
+// __host__ __device__ under nvcc, nothing for host-only compilers (the CPU
+// kernel, the TF glue and the harness's CPU emulation of CUDA). The same
+// code gives the same results on both: no library call whose device version
+// could differ, and no product that nvcc could contract into a fused
+// multiply-add.
+#if defined(__CUDACC__)
+#define TFGC_HOST_DEVICE __host__ __device__
+#else
+#define TFGC_HOST_DEVICE
+#endif
+
 namespace tfgc {
 
 enum class TopKSampleMode : int {
@@ -61,7 +74,7 @@ struct SelectionPlan {
 };
 
 // SplitMix64 finaliser; the reference implements the same in TF uint64 ops.
-inline uint64_t SplitMix64(uint64_t z) {
+TFGC_HOST_DEVICE inline uint64_t SplitMix64(uint64_t z) {
   z += 0x9E3779B97F4A7C15ULL;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
@@ -69,7 +82,8 @@ inline uint64_t SplitMix64(uint64_t z) {
 }
 
 // Start of MSTopK's band slice: uniform in [0, max_start] given the seed.
-inline int64_t SliceStart(int64_t seed, int64_t max_start) {
+TFGC_HOST_DEVICE inline int64_t SliceStart(int64_t seed,
+                                           int64_t max_start) {
   if (max_start <= 0) return 0;
   const double u = static_cast<double>(
                        SplitMix64(static_cast<uint64_t>(seed)) >> 11) *
@@ -87,7 +101,7 @@ constexpr uint32_t kMinNormalKey = 0x00800000u;
 constexpr uint32_t kNoKey = 0x7fffffffu;
 
 // key(x) of a float32 value (bits, so no float mode can change it).
-inline uint32_t KeyOf(float x) {
+TFGC_HOST_DEVICE inline uint32_t KeyOf(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, sizeof(bits));
   bits &= 0x7fffffffu;
@@ -96,23 +110,22 @@ inline uint32_t KeyOf(float x) {
 
 // A non-negative double rounded to float32, 0 below 2^-126: the statistics
 // and thresholds are 0 or normal, with or without flush-to-zero.
-inline float Flush(double v) {
-  return v < static_cast<double>(std::numeric_limits<float>::min())
-             ? 0.0f
-             : static_cast<float>(v);
+TFGC_HOST_DEVICE inline float Flush(double v) {
+  return v < 0x1p-126 ? 0.0f : static_cast<float>(v);  // float32's min()
 }
 
 // The mean of `finite` finite keys summing to `sum` (subnormal ones as 0).
-inline float Mean(double sum, int64_t finite) {
+TFGC_HOST_DEVICE inline float Mean(double sum, int64_t finite) {
   return finite > 0 ? Flush(sum / static_cast<double>(finite)) : 0.0f;
 }
 
 // max - mean, max the largest finite key (subnormal ones as 0).
-inline float Diff(float max, float mean) {
+TFGC_HOST_DEVICE inline float Diff(float max, float mean) {
   return Flush(static_cast<double>(max) - static_cast<double>(mean));
 }
 
-inline float Threshold(float mean, float diff, float ratio) {
+TFGC_HOST_DEVICE inline float Threshold(float mean, float diff,
+                                        float ratio) {
   // The product is exact in double: one rounding, as float32 r * diff.
   const float step = Flush(static_cast<double>(ratio) * diff);
   return mean + step;  // 0 or normal: no float mode changes the sum
@@ -145,15 +158,17 @@ struct BisectionEnd {
 // the largest (smallest) count; where the reference keeps the first of
 // equal counts instead, the two thresholds pass the same keys (nested sets
 // of equal size), so the selection is the same.
-inline BisectionEnd BisectByOrder(TopKSampleMode mode, float mean, float diff,
-                                  int rounds, int64_t v1, int64_t v2) {
+TFGC_HOST_DEVICE inline BisectionEnd BisectByOrder(TopKSampleMode mode,
+                                                   float mean, float diff,
+                                                   int rounds, int64_t v1,
+                                                   int64_t v2) {
   BisectionEnd e;
   float lo = 0.0f, hi = 1.0f;
   for (int round = 0; round < rounds && !e.accepted; ++round) {
     const float ratio = (lo + hi) * 0.5f;
     const uint32_t t = KeyOf(Threshold(mean, diff, ratio));
     const int64_t key = t;
-    e.lowest = std::min(e.lowest, t);
+    if (t < e.lowest) e.lowest = t;
     bool above_k;  // the count at t exceeds k
     if (mode == TopKSampleMode::kThreshold) {
       above_k = key < v1;
@@ -175,15 +190,17 @@ inline BisectionEnd BisectByOrder(TopKSampleMode mode, float mean, float diff,
 }
 
 // Whether `key` is in the plan's above set.
-inline bool IsAbove(const SelectionPlan& p, uint32_t key) {
+TFGC_HOST_DEVICE inline bool IsAbove(const SelectionPlan& p,
+                                      uint32_t key) {
   return p.has_above && (p.above_strict ? key > p.above : key >= p.above);
 }
 
 // Plan for MSTopK after the bisection, given the counts of keys >= e.hi
 // (when e.has_hi) and >= e.lo (when e.has_lo); `n` elements.
-inline SelectionPlan MsTopKPlan(const BisectionEnd& e, int64_t hi_count,
-                                int64_t lo_count, int64_t n, int64_t k,
-                                int64_t seed) {
+TFGC_HOST_DEVICE inline SelectionPlan MsTopKPlan(const BisectionEnd& e,
+                                                 int64_t hi_count,
+                                                 int64_t lo_count, int64_t n,
+                                                 int64_t k, int64_t seed) {
   SelectionPlan p;
   p.has_above = e.has_hi;
   p.above = e.hi;
@@ -199,7 +216,8 @@ inline SelectionPlan MsTopKPlan(const BisectionEnd& e, int64_t hi_count,
 
 // Plan for the threshold search when a count > k was seen (accepted or
 // not): the `lo_count` keys > e.lo.
-inline SelectionPlan ThresholdPlan(const BisectionEnd& e, int64_t lo_count) {
+TFGC_HOST_DEVICE inline SelectionPlan ThresholdPlan(const BisectionEnd& e,
+                                                    int64_t lo_count) {
   SelectionPlan p;
   p.has_above = true;
   p.above_strict = true;
@@ -211,7 +229,8 @@ inline SelectionPlan ThresholdPlan(const BisectionEnd& e, int64_t lo_count) {
 
 // Plan for exact top-k given the k-th largest key `v` and the number of keys
 // strictly greater than it.
-inline SelectionPlan ExactPlan(uint32_t v, int64_t greater, int64_t k) {
+TFGC_HOST_DEVICE inline SelectionPlan ExactPlan(uint32_t v, int64_t greater,
+                                                int64_t k) {
   SelectionPlan p;
   p.has_above = true;  // key > v
   p.above_strict = true;
@@ -244,17 +263,29 @@ int64_t TopKSampleScratchBytes(int64_t n);
 int AddResidual(DType dtype, const void* gradient, const void* residual,
                 void* acc, int64_t n, void* stream);
 
-// Statistics and bisection (synchronising with the host; 0 < k <= n);
-// fills `plan`. Returns a cudaError_t value.
+// A selection takes three calls on the same stream and scratch:
+//   TopKSamplePlan       the statistics, the order statistics, the
+//                        bisection and the plan with its tile offsets, all
+//                        left in `scratch`; no host synchronisation;
+//   TopKSampleOutputSize the plan's output size: k in mstopk and trimmed
+//                        modes, with no synchronisation; in threshold mode
+//                        it depends on the data: one copy to the host and
+//                        one stream synchronisation;
+//   TopKSampleWrite      the selection (`output_size` entries).
+// 0 <= k <= n. Each returns a cudaError_t value.
 int TopKSamplePlan(DType dtype, const void* x, int64_t n, int64_t k,
                    TopKSampleMode mode, int rounds, int64_t seed,
-                   void* scratch, void* stream, SelectionPlan* plan);
+                   void* scratch, void* stream);
 
-// Writes plan.output_size values and int32 indices in index order; when
+int TopKSampleOutputSize(TopKSampleMode mode, int64_t n, int64_t k,
+                         const void* scratch, void* stream,
+                         int64_t* output_size);
+
+// Writes the output_size values and int32 indices in index order; when
 // `zero_selected` is not null, also zeroes those positions there (it may be
-// `x` itself). Returns a cudaError_t value.
+// `x` itself).
 int TopKSampleWrite(DType dtype, const void* x, int64_t n,
-                    const SelectionPlan& plan, void* values, int32_t* indices,
+                    int64_t output_size, void* values, int32_t* indices,
                     void* zero_selected, void* scratch, void* stream);
 
 }  // namespace gpu
