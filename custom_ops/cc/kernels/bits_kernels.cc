@@ -15,10 +15,6 @@
 #include "custom_ops/cc/kernels/parallel.h"
 #include "custom_ops/cc/kernels/simd.h"
 
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "unsupported/Eigen/CXX11/Tensor"
-#endif  // GOOGLE_CUDA
 
 namespace tfgc {
 namespace {
@@ -272,17 +268,6 @@ REGISTER_CPU(Eigen::bfloat16)
 // ---------------------------------------------------------------------------
 // GPU glue over the launchers of bits_kernels.cu.cc.
 // ---------------------------------------------------------------------------
-using GPUDevice = Eigen::GpuDevice;
-
-absl::Status CudaStatus(int err, const char* what) {
-  if (err == 0) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("CUDA launcher ", what, " failed: error ", err));
-}
-
-void* StreamOf(OpKernelContext* ctx) {
-  return ctx->eigen_device<GPUDevice>().stream();
-}
 
 class PackBitsGpuOp : public OpKernel {
  public:

@@ -20,10 +20,6 @@
 #include "custom_ops/cc/kernels/kernel_utils.h"
 #include "custom_ops/cc/kernels/parallel.h"
 
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "unsupported/Eigen/CXX11/Tensor"
-#endif  // GOOGLE_CUDA
 
 namespace tfgc {
 namespace {
@@ -318,14 +314,6 @@ REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombDecode")
 // is allocated, and both ops wait for the device's validity flags so that
 // they fail like the CPU kernels, with the same messages.
 // ---------------------------------------------------------------------------
-using GPUDevice = Eigen::GpuDevice;
-
-absl::Status CudaStatus(int err, const char* what) {
-  if (err == 0) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("Golomb CUDA launcher ", what, " failed: error ", err));
-}
-
 template <typename T>
 class GolombEncodeGpuOp : public OpKernel {
  public:
@@ -339,7 +327,7 @@ class GolombEncodeGpuOp : public OpKernel {
     const int64_t k = indices.NumElements();
     constexpr bool kInt64 = std::is_same<T, int64_t>::value;
     const void* idx = indices.flat<T>().data();
-    void* stream = ctx->eigen_device<GPUDevice>().stream();
+    void* stream = StreamOf(ctx);
     Tensor scratch;
     OP_REQUIRES_OK(
         ctx, ctx->allocate_temp(
@@ -403,7 +391,7 @@ class GolombDecodeGpuOp : public OpKernel {
                             encoded.NumElements(), k, a.b, a.limit,
                             out_t->flat<int32_t>().data(),
                             scratch.flat<int8_t>().data(),
-                            ctx->eigen_device<GPUDevice>().stream(), error),
+                            StreamOf(ctx), error),
                         "Decode"));
     const int64_t j = error[1];
     OP_REQUIRES(ctx, error[0] != gpu::kDecodeTruncated, TruncatedError(a, j));

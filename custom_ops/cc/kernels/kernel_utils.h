@@ -9,6 +9,13 @@
 
 #include <type_traits>
 
+#if GOOGLE_CUDA
+#define EIGEN_USE_GPU  // Eigen::GpuDevice, before anything includes Eigen
+#include "unsupported/Eigen/CXX11/Tensor"
+#endif  // GOOGLE_CUDA
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -35,6 +42,20 @@ constexpr int GpuDType() {
   if constexpr (std::is_same_v<T, Eigen::half>) return 1;
   return 2;
 }
+
+#if GOOGLE_CUDA
+// The status of a CUDA launcher's result (a cudaError_t value, 0 success).
+inline absl::Status CudaStatus(int err, const char* launcher) {
+  if (err == 0) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("CUDA launcher ", launcher,
+                                          " failed: cudaError_t ", err));
+}
+
+// TensorFlow's compute stream of the op's GPU, for the launchers.
+inline void* StreamOf(OpKernelContext* ctx) {
+  return ctx->eigen_device<Eigen::GpuDevice>().stream();
+}
+#endif  // GOOGLE_CUDA
 
 }  // namespace tfgc
 

@@ -26,10 +26,6 @@
 #include "custom_ops/cc/kernels/parallel.h"
 #include "custom_ops/cc/kernels/scatter_kernels.h"
 
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "unsupported/Eigen/CXX11/Tensor"
-#endif  // GOOGLE_CUDA
 
 namespace tfgc {
 namespace {
@@ -211,8 +207,6 @@ REGISTER_CPU(Eigen::bfloat16)
 // ---------------------------------------------------------------------------
 // GPU glue over the launcher of scatter_kernels.cu.cc.
 // ---------------------------------------------------------------------------
-using GPUDevice = Eigen::GpuDevice;
-
 template <typename T>
 class ScatterAddSumGpuOp : public OpKernel {
  public:
@@ -237,10 +231,8 @@ class ScatterAddSumGpuOp : public OpKernel {
         GpuDType<T>(), values.flat<T>().data(),
         indices.flat<int32_t>().data(), m, n, out->flat<T>().data(),
         scratch.flat<int8_t>().data(),
-        ctx->eigen_device<GPUDevice>().stream(), &bad_position, &bad_index);
-    OP_REQUIRES(ctx, err == 0,
-                absl::InternalError(absl::StrCat(
-                    "ScatterAddSum CUDA launcher failed: error ", err)));
+        StreamOf(ctx), &bad_position, &bad_index);
+    OP_REQUIRES_OK(ctx, CudaStatus(err, "ScatterAddSum"));
     OP_REQUIRES(ctx, bad_position < 0, BadIndex(bad_position, bad_index, n));
   }
 };

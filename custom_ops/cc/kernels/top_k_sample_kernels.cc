@@ -42,12 +42,6 @@
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
 #include "tensorflow/core/framework/register_types.h"
 
-
-#if GOOGLE_CUDA
-#define EIGEN_USE_GPU
-#include "unsupported/Eigen/CXX11/Tensor"
-#endif  // GOOGLE_CUDA
-
 namespace tfgc {
 namespace {
 
@@ -624,7 +618,7 @@ SelectionPlan PlanCpu(OpKernelContext* ctx, const Input<T>& in, int64_t k,
       floor = e.lo;
       continue;
     }
-    if (!e.has_lo && floor > 0 && (!strict || size < k)) {
+    if (!e.has_lo && strict && size < k) {  // the exact top-k fallback
       floor = 0;
       continue;
     }
@@ -638,54 +632,89 @@ SelectionPlan PlanCpu(OpKernelContext* ctx, const Input<T>& in, int64_t k,
   }
 }
 
+// Where the selection goes, in index order.
+template <typename T>
+struct Output {
+  const T* x;
+  T* values;
+  int32_t* indices;
+  T* zero;  // where selected entries are zeroed, if anywhere
+  int64_t size = 0;
+
+  // Element i, whose value is v (float holds every T value exactly; not
+  // always a NaN's payload).
+  void Take(int64_t i, float v) {
+    values[size] = std::isnan(v) ? x[i] : static_cast<T>(v);
+    indices[size] = static_cast<int32_t>(i);
+    if (zero != nullptr) zero[i] = static_cast<T>(0.0f);
+    ++size;
+  }
+  void Take(int64_t i) { Take(i, static_cast<float>(x[i])); }
+  absl::Status Check(const SelectionPlan& p, int64_t candidates) const {
+    if (size == p.output_size) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(
+        "TopKSample selected ", size, " elements but planned ",
+        p.output_size, " (candidates=", candidates, ", need=", p.need,
+        ", start=", p.start, ")"));
+  }
+};
+
+// Writes mstopk's selection when its band has no lower end (no count was
+// above k): the candidates above the plan, which hold every key >= `above`,
+// and the band slice, ranks [start, start + need) of the elements below
+// `above` in index order. Between two elements above, the band is a run of
+// consecutive indices, so the slice is read straight from the input.
+template <typename T>
+absl::Status WriteWholeBand(int64_t n, const SelectionPlan& p,
+                            const Candidates& cand, Output<T>* out) {
+  const int64_t band_end = p.start + p.need;
+  const auto size = static_cast<int64_t>(cand.keys.size());
+  int64_t band_rank = 0;  // of element `next`
+  int64_t next = 0;       // the first index not yet passed
+  for (int64_t c = 0; c <= size; ++c) {
+    if (c < size && !IsAbove(p, cand.keys[c])) continue;
+    const int64_t above = c < size ? cand.index[c] : n;
+    const int64_t run_end = band_rank + (above - next);
+    for (int64_t r = std::max(band_rank, p.start);
+         r < std::min(run_end, band_end); ++r) {
+      out->Take(next + (r - band_rank));
+    }
+    band_rank = run_end;
+    if (c < size) out->Take(above, cand.value[c]);
+    next = above + 1;
+  }
+  return out->Check(p, size);
+}
+
 // Writes the plan's selection from the candidates, in index order.
 template <typename T>
-absl::Status Extract(const T* x, const SelectionPlan& p, Candidates* cand_p,
-                     T* values, int32_t* indices, T* zero) {
+absl::Status Write(int64_t n, const SelectionPlan& p, Candidates* cand_p,
+                   Output<T>* out) {
+  if (!p.has_band_lo && p.need > 0) {
+    return WriteWholeBand(n, p, *cand_p, out);
+  }
   // Everything selected lies in the band or above it (strictly above
   // `above` when the band is empty): drop the rest first, branch-free.
   if (p.has_band_lo) {
     Prune<false>(p.band_lo, cand_p);
-  } else if (p.need == 0 && p.has_above) {
-    if (p.above_strict) {
-      Prune<true>(p.above, cand_p);
-    } else {
-      Prune<false>(p.above, cand_p);
-    }
+  } else if (p.above_strict) {
+    Prune<true>(p.above, cand_p);
+  } else {
+    Prune<false>(p.above, cand_p);
   }
   const Candidates& cand = *cand_p;
-  int64_t out = 0;
   int64_t band_rank = 0;
   const int64_t band_end = p.start + p.need;
-  const int64_t size = static_cast<int64_t>(cand.value.size());
-  for (int64_t c = 0; c < size; ++c) {
-    const uint32_t a = cand.keys[c];
-    bool take;
-    if (IsAbove(p, a)) {
-      take = true;
-    } else if (!p.has_band_lo || a >= p.band_lo) {
+  const auto size = static_cast<int64_t>(cand.keys.size());
+  for (int64_t c = 0; c < size && out->size < p.output_size; ++c) {
+    bool take = IsAbove(p, cand.keys[c]);
+    if (!take) {  // in the band
       take = band_rank >= p.start && band_rank < band_end;
       ++band_rank;
-    } else {
-      take = false;
     }
-    if (take) {
-      if (out >= p.output_size) break;
-      const int32_t i = cand.index[c];
-      const float v = cand.value[c];
-      // float -> T is exact for values read from T; NaN payloads may not be.
-      values[out] = std::isnan(v) ? x[i] : static_cast<T>(v);
-      indices[out] = i;
-      if (zero != nullptr) zero[i] = static_cast<T>(0.0f);
-      ++out;
-    }
+    if (take) out->Take(cand.index[c], cand.value[c]);
   }
-  if (out != p.output_size) {
-    return absl::InternalError(absl::StrCat(
-        "TopKSample selected ", out, " elements but planned ", p.output_size,
-        " (candidates=", size, ", need=", p.need, ", start=", p.start, ")"));
-  }
-  return absl::OkStatus();
+  return out->Check(p, size);
 }
 
 absl::Status ParseMode(const std::string& s, TopKSampleMode* mode) {
@@ -826,9 +855,9 @@ class TopKSampleOp : public TopKSampleOpBase {
     OP_REQUIRES_OK(ctx,
                    AllocateSelection(ctx, plan.output_size, &values, &indices));
     if (plan.output_size == 0) return;
-    OP_REQUIRES_OK(ctx, Extract(in.data(), plan, &cand,
-                                values->flat<T>().data(),
-                                indices->flat<int32_t>().data(), in.acc));
+    Output<T> out{in.data(), values->flat<T>().data(),
+                  indices->flat<int32_t>().data(), in.acc};
+    OP_REQUIRES_OK(ctx, Write(n, plan, &cand, &out));
   }
 };
 
@@ -857,21 +886,14 @@ REGISTER_CPU_ALL_K(Eigen::bfloat16)
 
 #if GOOGLE_CUDA
 // ---------------------------------------------------------------------------
-// GPU glue: k and seed live in host memory; the CUDA launchers of
-// top_k_sample_kernels.cu.cc synchronise with the host for the bisection
-// and the (variable) output size.
+// GPU glue: k and seed live in host memory. The CUDA launchers of
+// top_k_sample_kernels.cu.cc plan and write the selection on the op's
+// stream; the host waits for the device only in threshold mode, whose
+// output size depends on the data (mstopk and trimmed select k elements).
 // ---------------------------------------------------------------------------
-using GPUDevice = Eigen::GpuDevice;
-
 template <typename T>
 constexpr gpu::DType GpuDTypeOf() {
   return static_cast<gpu::DType>(GpuDType<T>());
-}
-
-absl::Status CudaStatus(int err, const char* what) {
-  if (err == 0) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat("TopKSample CUDA launcher ", what, " failed: error ", err));
 }
 
 template <typename T, typename Tk, bool kWithResidual>
@@ -886,7 +908,7 @@ class TopKSampleGpuOp : public TopKSampleOpBase {
     int64_t k = 0, seed = 0;
     OP_REQUIRES_OK(ctx, ValidateArgs<Tk>(n, ctx->input(1 + extra),
                                          ctx->input(2 + extra), &k, &seed));
-    void* stream = ctx->eigen_device<GPUDevice>().stream();
+    void* stream = StreamOf(ctx);
     const void* x = x_in.flat<T>().data();
     void* zero = nullptr;
     if (kWithResidual) {
@@ -908,23 +930,25 @@ class TopKSampleGpuOp : public TopKSampleOpBase {
                                 TensorShape({gpu::TopKSampleScratchBytes(n)}),
                                 &scratch));
     void* scratch_p = scratch.flat<int8_t>().data();
-    SelectionPlan plan;
     OP_REQUIRES_OK(ctx, CudaStatus(gpu::TopKSamplePlan(
                                        GpuDTypeOf<T>(), x, n, k, mode_, rounds_,
-                                       seed, scratch_p, stream, &plan),
-                                   "Plan"));
+                                       seed, scratch_p, stream),
+                                   "TopKSamplePlan"));
+    int64_t size = 0;
+    OP_REQUIRES_OK(ctx, CudaStatus(gpu::TopKSampleOutputSize(
+                                       mode_, n, k, scratch_p, stream, &size),
+                                   "TopKSampleOutputSize"));
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
-    OP_REQUIRES_OK(ctx,
-                   AllocateSelection(ctx, plan.output_size, &values, &indices));
-    if (plan.output_size == 0) return;
+    OP_REQUIRES_OK(ctx, AllocateSelection(ctx, size, &values, &indices));
+    if (size == 0) return;
     OP_REQUIRES_OK(
         ctx, CudaStatus(gpu::TopKSampleWrite(
-                            GpuDTypeOf<T>(), x, n, plan,
+                            GpuDTypeOf<T>(), x, n, size,
                             values->flat<T>().data(),
                             indices->flat<int32_t>().data(), zero, scratch_p,
                             stream),
-                        "Write"));
+                        "TopKSampleWrite"));
   }
 };
 
