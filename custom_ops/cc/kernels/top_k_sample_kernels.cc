@@ -550,11 +550,12 @@ double SampledShare(const Candidates& cand, int64_t floor) {
 //     candidates; otherwise it is below F, which decides every comparison
 //     with a threshold t >= F as well;
 //   - the bisection's selection takes the keys >= its final lo threshold
-//     (for mstopk, every key when there is none).
+//     (when mstopk has none, its band is every key below the hi threshold,
+//     which WriteWholeBand reads straight from the input).
 // F is the sample's lower bound of the largest rank the mode reads (but
-// above 0: gradients may be mostly zeros). The lo
-// threshold lies within one step of the bisection's grid, diff 2^-rounds,
-// below the (k+1)-th key, so on most data the candidates hold it too. When
+// above 0: gradients may be mostly zeros). The lo threshold lies within one
+// step of the bisection's grid, diff 2^-rounds, below the (k+1)-th key, so
+// on most data the candidates hold it too. When
 // they do not decide or hold the selection (a coarse grid, as with one huge
 // outlier, or a misleading sample), the compaction is repeated at a lower
 // F, at worst 0 (every element).
