@@ -50,12 +50,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CC_DIR = os.path.join(ROOT, "custom_ops", "cc")
 DEFAULT_OUTPUT = os.path.join(ROOT, "tfgc", "ops", "_tfgc_ops.so")
 OPT_FLAGS = ["-O3", "-fPIC", "-DNDEBUG"]
-# Portable PTX plus SASS for common data-centre GPUs.
+# Portable PTX plus SASS for common data-centre GPUs, when TensorFlow does
+# not say which GPUs it was built for.
 GENCODES = [
     "-gencode=arch=compute_80,code=sm_80",
     "-gencode=arch=compute_90,code=sm_90",
     "-gencode=arch=compute_90,code=compute_90",
 ]
+
+
+def gencodes(capabilities: Sequence[str] | None) -> list[str]:
+    """nvcc's -gencode flags for TensorFlow's `cuda_compute_capabilities`.
+
+    TensorFlow lists SASS targets as `sm_XY` and PTX as `compute_XY`; the
+    kernels are built for the same GPUs, plus PTX of the newest one (so a
+    newer GPU can JIT them). Without the list, GENCODES.
+    """
+    if not capabilities:
+        return list(GENCODES)
+    flags, newest = [], None
+    for cap in capabilities:
+        match = re.fullmatch(r"(sm|compute)_(\d+[a-z]?)", cap)
+        if not match:
+            raise BuildError(
+                "unexpected entry in TensorFlow's cuda_compute_capabilities: "
+                f"{cap!r} (expected sm_XY or compute_XY)"
+            )
+        kind, arch = match.groups()
+        flags.append(f"-gencode=arch=compute_{arch},code={kind}_{arch}")
+        newest = arch
+    ptx = f"-gencode=arch=compute_{newest},code=compute_{newest}"
+    return list(dict.fromkeys([*flags, ptx]))
+
+
 # One architecture is enough to check that the device code compiles.
 CHECK_GENCODES = ["-gencode=arch=compute_80,code=sm_80"]
 # Where TensorFlow's pip dependencies put the CUDA runtime in site-packages
@@ -488,11 +515,13 @@ def nvcc_command(
     obj: str,
     extra: list[str] | None = None,
     check: bool = False,
+    targets: list[str] | None = None,
 ) -> list[str]:
     """The nvcc command compiling one TF-free `.cu.cc` to an object.
 
-    With `check`, a compile check: one GPU architecture, host code not
-    optimised (ptxas still optimises the device code).
+    `targets`: -gencode flags (default GENCODES). With `check`, a compile
+    check: one GPU architecture, host code not optimised (ptxas still
+    optimises the device code).
     """
     return [
         nvcc,
@@ -508,7 +537,7 @@ def nvcc_command(
         "-Xcompiler",
         "-fPIC",
         f"-I{ROOT}",
-        *(CHECK_GENCODES if check else GENCODES),
+        *(CHECK_GENCODES if check else (targets or GENCODES)),
         *(extra or []),
     ]
 
@@ -754,7 +783,16 @@ def build(
         if toolchain:
             for i, src in enumerate(cu):
                 objs.append(os.path.join(tmp, f"cu{i}.o"))
-                jobs.append(nvcc_command(toolchain[0].path, src, objs[-1]))
+                jobs.append(
+                    nvcc_command(
+                        toolchain[0].path,
+                        src,
+                        objs[-1],
+                        targets=gencodes(
+                            tf.build_info.get("cuda_compute_capabilities")
+                        ),
+                    )
+                )
         _compile_all(jobs, verbose)
         tmp_out = os.path.join(tmp, "_tfgc_ops.so")
         _run(

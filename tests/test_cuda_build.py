@@ -29,7 +29,13 @@ REQUIRE_ENV = "TFGC_REQUIRE_CUDA_CHECKS"
 # from the wheel) and of tensorflow-cpu 2.21.0.
 GPU_INFO = {
     "cpu_compiler": "clang",
-    "cuda_compute_capabilities": ["sm_60", "sm_70", "sm_80", "sm_89"],
+    "cuda_compute_capabilities": [
+        "sm_60",
+        "sm_70",
+        "sm_80",
+        "sm_89",
+        "compute_90",
+    ],
     "cuda_version": "12.5.1",
     "cudnn_version": "9",
     "is_cuda_build": True,
@@ -268,6 +274,11 @@ def test_build_uses_the_matching_nvcc_and_links_cudart(
     _, cu = ops_build.sources()
     assert len(nvcc_jobs) == len(cu)
     assert {c[0] for c in nvcc_jobs} == {found[1].path}
+    # TensorFlow's GPUs (sm_60 ... sm_89), not the default list.
+    for job in nvcc_jobs:
+        assert "-gencode=arch=compute_60,code=sm_60" in job
+        assert "-gencode=arch=compute_90,code=compute_90" in job
+        assert "-gencode=arch=compute_90,code=sm_90" not in job
     glue = [c for c in cmds if "-DGOOGLE_CUDA=1" in c]
     assert len(glue) == len(ops_build.sources()[0])
     assert all(f"-I{home12}/include" in c for c in glue)
@@ -469,3 +480,19 @@ def test_google_cuda_glue_and_cuda_kernels_compile_and_link():
         _need("nvcc", "install a CUDA toolkit or set CUDA_HOME")
     summary = ops_build.check_glue_and_cuda()
     assert "every launcher the glue calls is defined" in summary
+
+
+def test_gencodes_follow_tensorflows_compute_capabilities():
+    got = ops_build.gencodes(["sm_70", "sm_80", "compute_90"])
+    assert got == [
+        "-gencode=arch=compute_70,code=sm_70",
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90,code=compute_90",
+    ]
+    assert ops_build.gencodes(["sm_60", "sm_89"])[-1] == (
+        "-gencode=arch=compute_89,code=compute_89"
+    )
+    assert ops_build.gencodes(None) == ops_build.GENCODES
+    assert ops_build.gencodes([]) == ops_build.GENCODES
+    with pytest.raises(ops_build.BuildError, match="cuda_compute_cap"):
+        ops_build.gencodes(["8.0"])
