@@ -267,8 +267,9 @@ struct CandidateBuffer {
   }
 };
 
-// Candidates hold the element's value (as float, exactly) rather than its
-// key, so that writing the selection never reads the input again. The
+// Candidates hold the element's value (as float, exactly) as well as its
+// key, so that writing the selection reads the input again only for
+// mstopk's band when it has no lower end (WriteWholeBand). The
 // kernel keeps one Candidates between calls (the fresh pages of a few MB of
 // candidates cost more than the pass that fills them), up to kKeptBytes.
 struct Candidates {
