@@ -3,22 +3,21 @@
 // CPU kernels of Tfgc>TopKSample and Tfgc>TopKSampleWithResidual (and the
 // TensorFlow glue of their CUDA kernels when built with GOOGLE_CUDA).
 //
-// The CPU algorithm reads the input twice, whatever the data and `rounds`
-// (PlanCpu says why this is exact):
-//   1. statistics: sum, max and count of the finite keys (fused with
-//      acc = gradient + residual in the residual variant; trimmed top-k
-//      needs none);
-//   2. a compaction of every element whose key is at least a floor taken
-//      from a sample of 64 Ki keys (value and index, in index order);
-// then the order statistics come from the candidates (a histogram of the
-// top key bits, then nth_element in one bucket), the bisection runs on
-// them without touching the data, and the selection is written from the
-// candidates. Only when the sample misleads is pass 2 repeated at a lower
-// floor. Every full pass is split into fixed blocks run on the intra-op
-// thread pool, and every result is exactly the one of the pure-TF
-// reference. The two full passes have AVX2 versions (simd.h), chosen at
-// run time, that read float32, float16 (F16C) and bfloat16 directly, eight
-// keys per instruction.
+// The CPU algorithm reads the input once, whatever the data and `rounds`
+// (PlanCpu says why this is exact): one pass, in chunks that stay in L1,
+// computes the statistics (sum, max and count of the finite keys; trimmed
+// top-k needs none), writes acc = gradient + residual in the residual
+// variant, and compacts every element whose key is at least a floor taken
+// from a sample of 64 Ki keys (value and index, in index order). Then the
+// order statistics come from the candidates (two 11-bit histogram levels,
+// then nth_element in one small bucket), the bisection runs on them without
+// touching the data, and the selection is written from the candidates.
+// Only when the sample misleads, or the bisection's lo threshold lies below
+// the floor, is the compaction repeated at a lower floor. Every full pass
+// is split into fixed blocks run on the intra-op thread pool, and every
+// result is exactly the one of the pure-TF reference. The passes have AVX2
+// versions (simd.h), chosen at run time, that read float32, float16 (F16C)
+// and bfloat16 directly, eight keys per instruction.
 
 #define EIGEN_USE_THREADS
 
@@ -492,7 +491,8 @@ int64_t LowerBoundOfRank(int64_t n, int64_t r, Candidates* cand) {
         std::ceil(expect + 4.0 * std::sqrt(expect) + 8.0));
     if (rank > m) return 0;
   }
-  return KthLargest<1>(cand->sample, cand->sample_top, {rank}, &cand->bucket)[0];
+  return KthLargest<1>(cand->sample, cand->sample_top, {rank},
+                       &cand->bucket)[0];
 }
 
 // Numbers of candidate keys >= a (> a when strict) and >= b.
@@ -556,10 +556,10 @@ double SampledShare(const Candidates& cand, int64_t floor) {
 // F is the sample's lower bound of the largest rank the mode reads (but
 // above 0: gradients may be mostly zeros). The lo threshold lies within one
 // step of the bisection's grid, diff 2^-rounds, below the (k+1)-th key, so
-// on most data the candidates hold it too. When
-// they do not decide or hold the selection (a coarse grid, as with one huge
-// outlier, or a misleading sample), the compaction is repeated at a lower
-// F, at worst 0 (every element).
+// on most data the candidates hold it too. When they do not decide or hold
+// the selection (a coarse grid, as with one huge outlier, or a misleading
+// sample), the compaction is repeated at a lower F, at worst 0 (every
+// element).
 template <typename T>
 SelectionPlan PlanCpu(OpKernelContext* ctx, const Input<T>& in, int64_t k,
                       TopKSampleMode mode, int rounds, int64_t seed,
@@ -572,11 +572,11 @@ SelectionPlan PlanCpu(OpKernelContext* ctx, const Input<T>& in, int64_t k,
   const bool trimmed = mode == TopKSampleMode::kTrimmed;
   const bool strict = mode == TopKSampleMode::kThreshold;
   DrawSample(in, cand);
-  // Zeros are candidates only when the selection turns out to need them.
-  int64_t floor = std::max<int64_t>(
-      1, LowerBoundOfRank(
-             n, std::min(n, trimmed ? k : (strict && 2 * k <= n ? 2 * k : k + 1)),
-             cand));
+  // The largest rank the mode reads. Zeros are candidates only when the
+  // selection turns out to need them.
+  const int64_t top_rank =
+      std::min(n, trimmed ? k : (strict && 2 * k <= n ? 2 * k : k + 1));
+  int64_t floor = std::max<int64_t>(1, LowerBoundOfRank(n, top_rank, cand));
   const Stats st = Compact(ctx, in, !trimmed, static_cast<uint32_t>(floor),
                            SampledShare(*cand, floor), cand);
   const Input<T> data{in.data(), nullptr, nullptr, n};
