@@ -24,6 +24,7 @@ import tensorflow as tf
 EOS = "<eos>"
 UNK = "<unk>"
 SPLITS = ("train", "valid", "test")
+EVAL_SPLITS = ("valid", "test")
 
 
 def split_path(data_dir: str, split: str) -> str:
@@ -31,11 +32,11 @@ def split_path(data_dir: str, split: str) -> str:
     return os.path.join(data_dir, f"ptb.{split}.txt")
 
 
-def missing_files(data_dir: str) -> list[str]:
-    """The split files that `data_dir` lacks."""
+def missing_files(data_dir: str, splits=SPLITS) -> list[str]:
+    """The files of `splits` that `data_dir` lacks."""
     return [
         split_path(data_dir, s)
-        for s in SPLITS
+        for s in splits
         if not os.path.isfile(split_path(data_dir, s))
     ]
 
@@ -81,24 +82,29 @@ def windows(ids: np.ndarray, num_steps: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Corpus(NamedTuple):
-    """Token ids of the three splits and the vocabulary size."""
+    """Token ids of the training split, of the evaluation splits that were
+    read (split name -> ids), and the vocabulary size."""
 
     train: np.ndarray
-    valid: np.ndarray
-    test: np.ndarray
+    evals: dict[str, np.ndarray]
     vocab_size: int
 
 
-def load_corpus(data_dir: str) -> Corpus:
-    """Reads the three split files of `data_dir`."""
+def load_corpus(data_dir: str, eval_splits=EVAL_SPLITS) -> Corpus:
+    """Reads `ptb.train.txt` and the files of `eval_splits` in `data_dir`.
+
+    The vocabulary comes from the training split alone, so leaving the
+    evaluation splits out (`eval_splits=()`, training without evaluation)
+    gives the same ids.
+    """
     train_words = read_words(split_path(data_dir, "train"))
     vocab = build_vocab(train_words)
-    ids = {
+    evals = {
         s: to_ids(read_words(split_path(data_dir, s)), vocab, s)
-        for s in ("valid", "test")
+        for s in eval_splits
     }
     train = to_ids(train_words, vocab, "train")
-    return Corpus(train, ids["valid"], ids["test"], len(vocab))
+    return Corpus(train, evals, len(vocab))
 
 
 def steps_per_pass(num_windows: int, global_batch_size: int) -> int:

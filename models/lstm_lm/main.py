@@ -61,12 +61,21 @@ class LstmConfig:
             )
         c = self.common
         if not c.use_synthetic_data:
-            missing = data.missing_files(c.data_dir)
+            missing = data.missing_files(c.data_dir, self.splits)
             if missing:
+                names = ", ".join(f"ptb.{s}.txt" for s in self.splits)
                 raise ValueError(
-                    "`--data_dir` must hold ptb.train.txt, ptb.valid.txt "
-                    f"and ptb.test.txt. Missing: {missing}"
+                    f"`--data_dir` must hold {names}"
+                    + ("" if c.skip_eval else " (or pass --skip_eval)")
+                    + f". Missing: {missing}"
                 )
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """The PTB splits this run reads: evaluation's only if it runs."""
+        if self.common.skip_eval:
+            return ("train",)
+        return ("train",) + data.EVAL_SPLITS
 
     @property
     def model_size(self) -> model.ModelSize:
@@ -128,10 +137,10 @@ def run(config: LstmConfig) -> dict[str, Any]:
                 ),
                 c.eval_steps or SYNTHETIC_EVAL_STEPS,
             )
-            for split in ("valid", "test")
+            for split in data.EVAL_SPLITS
         }
     else:
-        corpus = data.load_corpus(c.data_dir)
+        corpus = data.load_corpus(c.data_dir, config.splits[1:])
         vocab_size = corpus.vocab_size
         inputs, targets = data.windows(corpus.train, num_steps)
         train_fn = data.dataset_fn(
@@ -141,8 +150,8 @@ def run(config: LstmConfig) -> dict[str, Any]:
             data.steps_per_pass(len(inputs), global_batch)
         )
         eval_fns = {}
-        for split in ("valid", "test"):
-            x, y = data.windows(getattr(corpus, split), num_steps)
+        for split, ids in corpus.evals.items():
+            x, y = data.windows(ids, num_steps)
             steps = data.steps_per_pass(len(x), global_batch)
             if steps < 1:
                 raise ValueError(

@@ -75,11 +75,16 @@ def tfrecord_files(data_dir: str, split: str) -> list[str]:
     return sorted(glob.glob(os.path.join(data_dir, TFRECORD_PATTERNS[split])))
 
 
-def find_source(data_dir: str, spec: DatasetSpec) -> str | None:
-    """ "tfrecord", "tfds", or `None` when `data_dir` holds neither."""
-    if spec is IMAGENET and all(
-        tfrecord_files(data_dir, s) for s in ("train", "eval")
-    ):
+def find_source(
+    data_dir: str, spec: DatasetSpec, evaluate: bool = True
+) -> str | None:
+    """ "tfrecord", "tfds", or `None` when `data_dir` holds neither.
+
+    TFRecords count only with the validation files too, unless the run
+    does not evaluate (`evaluate=False`).
+    """
+    splits = ("train", "eval") if evaluate else ("train",)
+    if spec is IMAGENET and all(tfrecord_files(data_dir, s) for s in splits):
         return "tfrecord"
     prepared = os.path.join(data_dir, spec.tfds_name, "*", "dataset_info.json")
     if glob.glob(prepared):

@@ -95,7 +95,8 @@ class ResnetConfig:
             wanted = f"a prepared tensorflow-datasets {spec.tfds_name!r}"
             if spec is data.IMAGENET:
                 wanted = (
-                    "ImageNet TFRecords (train-*, validation-*) or " + wanted
+                    "ImageNet TFRecords (train-*, and validation-* unless "
+                    "--skip_eval) or " + wanted
                 )
             raise ValueError(
                 f"`--data_dir` must hold {wanted} directory (nothing is "
@@ -110,7 +111,9 @@ class ResnetConfig:
     def source(self) -> str | None:
         if self.common.use_synthetic_data:
             return None
-        return data.find_source(self.common.data_dir, self.spec)
+        return data.find_source(
+            self.common.data_dir, self.spec, not self.common.skip_eval
+        )
 
     @property
     def epochs(self) -> int:

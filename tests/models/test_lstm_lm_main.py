@@ -213,3 +213,37 @@ def test_restarted_run_resumes_from_backup(tmp_path, monkeypatch):
     assert summary["train_steps"] == 2
     assert len(summary["history"]["loss"]) == 2
     assert not backup.exists()
+
+
+def test_skip_eval_needs_only_the_training_split(tmp_path, ptb_dir):
+    """The shared subset layout (no ptb.valid.txt) trains with --skip_eval
+    and is refused, naming the missing file and the flag, without it."""
+    only_train = tmp_path / "ptb"
+    only_train.mkdir()
+    (only_train / "ptb.train.txt").write_text(
+        (ptb_dir / "ptb.train.txt").read_text()
+    )
+
+    def config(skip_eval):
+        return lstm_main.LstmConfig(
+            common=CommonConfig(
+                model_dir=str(tmp_path / "model"),
+                data_dir=str(only_train),
+                batch_size=2,
+                train_steps=1,
+                skip_eval=skip_eval,
+                distribution_strategy="one_device",
+            )
+        )
+
+    with pytest.raises(ValueError, match="ptb.valid.txt.*--skip_eval"):
+        config(skip_eval=False)
+    summary = lstm_main.run(config(skip_eval=True))
+    assert summary["train_steps"] == 1
+    assert "valid" not in summary.get("eval", {})
+    # The vocabulary comes from the training split alone.
+    with_evals = data.load_corpus(str(ptb_dir))
+    without = data.load_corpus(str(only_train), eval_splits=())
+    assert without.evals == {}
+    assert without.vocab_size == with_evals.vocab_size
+    np.testing.assert_array_equal(without.train, with_evals.train)

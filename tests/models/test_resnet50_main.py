@@ -69,6 +69,13 @@ def _write_imagenet_tfrecords(directory, split, count):
             writer.write(example.SerializeToString())
 
 
+def test_tfrecords_without_validation_files_serve_skip_eval(tmp_path):
+    _write_imagenet_tfrecords(tmp_path, "train", 2)
+    assert data.find_source(str(tmp_path), data.IMAGENET) is None
+    found = data.find_source(str(tmp_path), data.IMAGENET, evaluate=False)
+    assert found == "tfrecord"
+
+
 @pytest.mark.parametrize("training", [True, False])
 def test_imagenet_tfrecord_pipeline(tmp_path, training):
     _write_imagenet_tfrecords(tmp_path, "train", 6)
