@@ -50,6 +50,35 @@ def fit_small_model(strategy, make_optimizer, x, y=None, policy=None, **fit):
     return model
 
 
+def worker_batches(
+    num_workers, local_batch, steps, value=None, at_step=0, drop_step=False
+):
+    """A dataset of `steps` global batches for MultiWorkerMirroredStrategy
+    (DATA sharding, worker i reads rows [i * local_batch, (i + 1) *
+    local_batch) of each), and its number of batches.
+
+    With `value`, the last worker's first row of batch `at_step` is set to
+    it; `drop_step` leaves that batch out.
+    """
+    rng = np.random.default_rng(0)
+    global_batch = local_batch * num_workers
+    x = rng.normal(size=(global_batch * steps, FEATURES)).astype("float32")
+    y = (x @ rng.normal(size=(FEATURES, 1))).astype("float32")
+    rows = slice(at_step * global_batch, (at_step + 1) * global_batch)
+    if value is not None:
+        x[rows.start + (num_workers - 1) * local_batch] = value
+    if drop_step:
+        keep = np.ones(len(x), bool)
+        keep[rows] = False
+        x, y = x[keep], y[keep]
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = (
+        tf.data.experimental.AutoShardPolicy.DATA
+    )
+    return ds.with_options(options), len(x) // global_batch
+
+
 def _fit(strategy, make_optimizer, x, y, batch=GLOBAL_BATCH, policy=None):
     return fit_small_model(
         strategy, make_optimizer, x, y, policy=policy, batch_size=batch

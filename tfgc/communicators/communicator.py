@@ -152,6 +152,13 @@ class Communicator:
         )
         return tf.equal(false_count[0], 0.0)
 
+    def gather_flags(self, flags: tf.Tensor) -> tf.Tensor:
+        """Every replica's 1-D bool `flags` (all of one length), as
+        [replicas, length] in replica order (one small all-gather; none
+        with one replica)."""
+        gathered = self.group().all_gather(tf.cast(flags, tf.int32))
+        return tf.cast(gathered, tf.bool)
+
     def step(
         self, compressors, tensors, states, keys, variables=None
     ) -> exchange.StepResult:

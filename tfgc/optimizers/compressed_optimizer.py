@@ -28,6 +28,9 @@ _BASE_ARGS = (
     "gradient_accumulation_steps",
 )
 _INIT_STEP = -1  # key step for initial states, distinct from every real step
+# What a step does when a gradient holds NaN or Inf (docs/algorithms.md,
+# "Non-finite gradients").
+NON_FINITE_POLICIES = ("propagate", "skip", "raise")
 
 
 class _Plan(NamedTuple):
@@ -105,6 +108,15 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             (summed exactly), as are tensors the compressor declines (e.g.
             1-D tensors for PowerSGD).
         seed: base of the stateless random seeds that all workers share.
+        non_finite: what a step does when a gradient holds NaN or Inf on
+            any replica. "propagate" (default, as Keras does): the values
+            are sent and reach the weights, the same on every worker.
+            "skip": every worker skips the step (weights, compressor
+            state, residuals and the step counter stay as they were;
+            `skipped_steps` counts them). "raise": every worker fails the
+            step with an error naming the replicas and variables. Both
+            cost one small all-gather per step; under `mixed_float16` the
+            `LossScaleOptimizer` already skips such steps everywhere.
         name: the optimizer's name.
     """
 
@@ -117,6 +129,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         communication_options=None,
         min_compress_size: int = 1024,
         seed: int = 0,
+        non_finite: str = "propagate",
         name: str | None = None,
         **kwargs,
     ):
@@ -132,7 +145,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 f"Unknown arguments: {sorted(kwargs)}. CompressedOptimizer "
                 "takes inner_optimizer, compressor, error_feedback, "
                 "communicator, communication_options, min_compress_size, "
-                "seed and name."
+                "seed, non_finite and name."
             )
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
             raise TypeError(
@@ -173,7 +186,13 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             raise ValueError(
                 f"`seed` must be an integer. Received: seed={seed!r}"
             )
+        if non_finite not in NON_FINITE_POLICIES:
+            raise ValueError(
+                f"`non_finite` must be one of {list(NON_FINITE_POLICIES)}. "
+                f"Received: non_finite={non_finite!r}"
+            )
         super().__init__(learning_rate=0.0, name=name)
+        self.non_finite = non_finite
         self.inner_optimizer = inner_optimizer
         self.compressor = compressors_lib.get(compressor)
         self.error_feedback = bool(error_feedback)
@@ -342,6 +361,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         # Over the whole run: bytes on the wire (sent + overhead), steps.
         self._run_bytes = counter("run_bytes")
         self._run_steps = counter("run_steps")
+        self._skipped_steps = counter("skipped_steps")
         self._dense_bytes = sum(
             num_elements(tuple(v.shape)) * tf.as_dtype(v.dtype).size
             for v in var_list
@@ -391,6 +411,13 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         grads = [
             _check_gradient(g, v) for g, v in zip(grads, trainable_variables)
         ]
+        if self.non_finite == "propagate":
+            self._apply_checked(grads, trainable_variables)
+        else:
+            self._apply_if_finite_everywhere(grads, trainable_variables)
+
+    def _apply_checked(self, grads, trainable_variables):
+        """Exchanges and applies gradients that passed the checks."""
         if self.compressor.compresses_updates:
             self._apply_local_step_then_round(grads, trainable_variables)
         elif self._accumulation_steps:
@@ -405,6 +432,52 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 _with_overwritten(summed, grads, trainable_variables),
                 trainable_variables,
             )
+
+    def _apply_if_finite_everywhere(self, grads, trainable_variables):
+        """Applies the step only if every replica's gradients are finite;
+        else skips it on every worker, or fails it on every worker.
+
+        Every replica decides from the same gathered verdicts, so all take
+        the same branch: a worker that skipped or failed alone would leave
+        the others waiting in their collectives. The choice runs in
+        cross-replica context, as in `_apply_accumulated`.
+        """
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if not present:
+            return self._apply_checked(grads, trainable_variables)
+        local = tf.stack(
+            [tf.reduce_all(tf.math.is_finite(grads[i])) for i in present]
+        )
+        verdicts = self.communicator.gather_flags(local)
+        finite = tf.reduce_all(verdicts)
+        if self.non_finite == "raise":
+            names = [_describe(trainable_variables[i]) for i in present]
+            failed = tf.debugging.Assert(
+                finite, [_non_finite_report(verdicts, names)], summarize=1
+            )
+            with tf.control_dependencies([failed]):
+                grads = [None if g is None else tf.identity(g) for g in grads]
+            return self._apply_checked(grads, trainable_variables)
+
+        def cross_replica(strategy, grads, finite):
+            # Every replica holds the same verdict.
+            finite = strategy.experimental_local_results(finite)[0]
+
+            def apply():
+                strategy.extended.call_for_each_replica(
+                    self._apply_checked, args=(grads, trainable_variables)
+                )
+                return tf.constant(True)
+
+            def skip():
+                self._skipped_steps.assign_add(1)
+                return tf.constant(False)
+
+            tf.cond(finite, apply, skip)
+
+        tf.distribute.get_replica_context().merge_call(
+            cross_replica, args=(grads, finite)
+        )
 
     def apply_gradients(self, grads_and_vars):
         grads, trainable_variables = zip(*grads_and_vars)
@@ -657,6 +730,14 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         }
 
     @property
+    def skipped_steps(self) -> int:
+        """Steps skipped everywhere for a non-finite gradient
+        (`non_finite="skip"`). Call outside `tf.function`."""
+        if not self.built:
+            return 0
+        return int(self._skipped_steps.numpy())
+
+    @property
     def network_cost(self):
         """The `CostModel` measured at build (or None if none was)."""
         return getattr(self, "_network_cost", None)
@@ -689,6 +770,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             "communicator": communicators.serialize(self.communicator),
             "min_compress_size": self.min_compress_size,
             "seed": self.seed,
+            "non_finite": self.non_finite,
         }
 
     @classmethod
@@ -762,6 +844,30 @@ def _check_step_counter(inner, topology):
         f"{replicas} per step. Create it inside the scope: `with "
         "strategy.scope(): optimizer = tfgc.CompressedOptimizer("
         "keras.optimizers.SGD(...), ...)`."
+    )
+
+
+def _non_finite_report(verdicts, names) -> tf.Tensor:
+    """The error text of a step with non-finite gradients: which replica
+    had them in which variable. `verdicts` is [replicas, variables] bool
+    (True: finite); `names` names the columns."""
+    bad = tf.where(tf.logical_not(verdicts))
+    where = tf.strings.join(
+        [
+            "replica ",
+            tf.strings.as_string(bad[:, 0]),
+            ": ",
+            tf.gather(tf.constant(names), bad[:, 1]),
+        ]
+    )
+    return tf.strings.join(
+        [
+            "Non-finite gradient (NaN or Inf), so every worker stops "
+            "(CompressedOptimizer(non_finite='raise')); under "
+            "MultiWorkerMirroredStrategy with one device per worker the "
+            "replica is the worker's task index. ",
+            tf.strings.reduce_join(where, separator="; "),
+        ]
     )
 
 

@@ -1,0 +1,59 @@
+"""Runs a script of tests/multiworker/ on real workers (one process each)."""
+
+import io
+import os
+import sys
+
+import numpy as np
+
+from tfgc import launch
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+
+
+def run_worker_script(script: str, num_workers: int, out, timeout=300):
+    """Runs `tests/multiworker/<script> --out <out>` on `num_workers`
+    workers and returns what each wrote to `<out>/worker<i>.npz`.
+
+    The default timeout is short: in these tests a hang is the failure.
+    """
+    log = io.StringIO()
+    code = launch.run(
+        [
+            sys.executable,
+            os.path.join(TESTS, "multiworker", script),
+            "--out",
+            str(out),
+        ],
+        num_workers=num_workers,
+        timeout=timeout,
+        env={"PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        output=log,
+    )
+    assert code == 0, log.getvalue()[-5000:]
+    return [
+        np.load(os.path.join(out, f"worker{i}.npz")) for i in range(num_workers)
+    ]
+
+
+def weights_of(result, run: str) -> list:
+    """The weights a worker script saved as `<run>/weight<j>`, in order."""
+    keys = [k for k in result.files if k.startswith(f"{run}/weight")]
+    return [
+        result[k] for k in sorted(keys, key=lambda k: int(k[len(run) + 7 :]))
+    ]
+
+
+def start_worker():
+    """In a worker script: (the `--out` directory, the strategy, this
+    worker's index)."""
+    import argparse
+
+    import tensorflow as tf
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    return args.out, strategy, strategy.cluster_resolver.task_id
