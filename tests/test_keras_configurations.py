@@ -25,8 +25,24 @@ def _data(rows=64, seed=0):
     return x, y
 
 
+def small_model(strategy, make_optimizer):
+    """The small regression model, seeded and compiled in `strategy`."""
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((FEATURES,)),
+                keras.layers.Dense(16, activation="tanh"),
+                keras.layers.Dense(1, dtype="float32"),
+            ]
+        )
+        model.compile(make_optimizer(), "mse", jit_compile=False)
+    return model
+
+
 def fit_small_model(strategy, make_optimizer, x, y=None, policy=None, **fit):
-    """Trains a small regression model (one epoch, in order); returns it.
+    """Trains a small regression model (one epoch unless `epochs=` is
+    given, in order); returns it.
 
     `x`, `y` and `fit` go to `model.fit` (`x` may be a dataset).
     """
@@ -34,17 +50,8 @@ def fit_small_model(strategy, make_optimizer, x, y=None, policy=None, **fit):
     if policy:
         keras.mixed_precision.set_global_policy(policy)
     try:
-        keras.utils.set_random_seed(0)
-        with strategy.scope():
-            model = keras.Sequential(
-                [
-                    keras.Input((FEATURES,)),
-                    keras.layers.Dense(16, activation="tanh"),
-                    keras.layers.Dense(1, dtype="float32"),
-                ]
-            )
-            model.compile(make_optimizer(), "mse", jit_compile=False)
-        model.fit(x, y, epochs=1, verbose=0, shuffle=False, **fit)
+        model = small_model(strategy, make_optimizer)
+        model.fit(x, y, verbose=0, shuffle=False, **{"epochs": 1, **fit})
     finally:
         keras.mixed_precision.set_global_policy(previous)
     return model

@@ -169,33 +169,10 @@ class ScalarSummaries(keras.callbacks.Callback):
             self._writer = None
 
 
-class ChiefBackupAndRestore(keras.callbacks.BackupAndRestore):
-    """`BackupAndRestore` where every worker restores, only the chief saves.
-
-    All workers load the chief's backup at the start of `fit` (so their
-    replicas begin equal); only the chief writes and deletes it. The
-    directory must therefore be shared by the workers (as `--model_dir` is
-    on a cluster file system).
-    """
-
-    def __init__(self, backup_dir: str, chief: bool, **kwargs):
-        super().__init__(backup_dir, **kwargs)
-        self.chief = chief
-
-    def _save_model(self):
-        if self.chief:
-            super()._save_model()
-
-    def on_train_end(self, logs=None):
-        if self.chief:
-            super().on_train_end(logs)
-
-
 def make_callbacks(
     *,
     model_dir: str,
     output_dir: str,
-    chief: bool,
     global_batch_size: int,
     log_steps: int,
     extra: tuple[keras.callbacks.Callback, ...] = (),
@@ -207,11 +184,11 @@ def make_callbacks(
     progress bar and `History` last, so they see the added values too.
 
     Args:
-        model_dir: `--model_dir`; the backup lives in `model_dir/backup`
+        model_dir: `--model_dir`; the backup lives in `model_dir/backup`,
+            is written by the chief with every worker's compressor state
             and is read by every worker.
         output_dir: where this worker writes TensorBoard summaries
             (`model_dir` on the chief, a temporary directory elsewhere).
-        chief: whether this worker is the chief.
         global_batch_size: examples per step over all replicas.
         log_steps: throughput and batch summaries every N steps.
         extra: model-specific callbacks that add to the logs.
@@ -225,6 +202,6 @@ def make_callbacks(
         *extra,
         throughput,
         ScalarSummaries(os.path.join(output_dir, "tensorboard"), log_steps),
-        ChiefBackupAndRestore(os.path.join(model_dir, "backup"), chief=chief),
+        tfgc.callbacks.BackupAndRestore(os.path.join(model_dir, "backup")),
     ]
     return callbacks, throughput

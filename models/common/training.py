@@ -164,7 +164,6 @@ def train_and_evaluate(
     callbacks, throughput = callbacks_lib.make_callbacks(
         model_dir=config.model_dir,
         output_dir=out_dir,
-        chief=chief,
         global_batch_size=global_batch_size,
         log_steps=config.log_steps,
         extra=extra_callbacks,

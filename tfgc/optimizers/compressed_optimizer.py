@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import NamedTuple
 
 import keras
@@ -14,6 +15,7 @@ from tfgc import compressors as compressors_lib
 from tfgc.communicators import probe
 from tfgc.communicators import topology as topology_lib
 from tfgc.compressors.base import Compressor, Network, num_elements
+from tfgc.optimizers import replica_state
 
 _BASE_ARGS = (
     "learning_rate",
@@ -27,6 +29,8 @@ _BASE_ARGS = (
     "loss_scale_factor",
     "gradient_accumulation_steps",
 )
+# The number of replicas the optimizer was saved with (Keras saving).
+_REPLICAS_KEY = "replicas"
 _INIT_STEP = -1  # key step for initial states, distinct from every real step
 # What a step does when a gradient holds NaN or Inf (docs/algorithms.md,
 # "Non-finite gradients").
@@ -285,6 +289,8 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
     @_keras_compat.no_automatic_dependency_tracking
     def build(self, var_list):
         topology = topology_lib.current()
+        # Saving gathers the per-replica state through it.
+        self._strategy = tf.distribute.get_strategy()
         # Checked before anything is created or communicated.
         _check_step_counter(self.inner_optimizer, topology)
         self.inner_optimizer.build(var_list)
@@ -742,6 +748,95 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         """The `CostModel` measured at build (or None if none was)."""
         return getattr(self, "_network_cost", None)
 
+    # --- saving ------------------------------------------------------------
+
+    def save_own_variables(self, store):
+        """Keras saving (`save_weights`, `.keras`, `BackupAndRestore`).
+
+        The wrapper's per-replica variables (`aggregation="none"`: the
+        compressor states, accumulators, counters) are saved with every
+        replica's value, stacked [replicas, ...]; the others (the inner
+        optimizer's, the same on every replica) once, as Keras does. Under
+        MultiWorkerMirroredStrategy this gathers from every worker: every
+        worker must save at the same step (Keras's `BackupAndRestore` and
+        `tfgc.callbacks.BackupAndRestore` do).
+        """
+        variables = self.variables
+        per_replica = [i for i, v in enumerate(variables) if _per_replica(v)]
+        stacked = replica_state.gather(
+            self._strategy, [variables[i] for i in per_replica]
+        )
+        values = dict(zip(per_replica, stacked))
+        for i, variable in enumerate(variables):
+            store[str(i)] = values[i] if i in values else variable.numpy()
+        store[_REPLICAS_KEY] = np.array(self._strategy.num_replicas_in_sync)
+
+    def load_own_variables(self, store):
+        """Gives each replica its own saved state back.
+
+        Saved with another number of replicas, the per-replica state
+        cannot be split among the new ones: it is reset to its initial
+        value (residuals and accumulators to zero, so what was not yet
+        sent is dropped, as at the start of training), with a warning; the
+        inner optimizer's variables and the step are restored.
+        """
+        if _REPLICAS_KEY not in store:
+            # Written before per-replica saving: one copy for all.
+            return super().load_own_variables(store)
+        variables = self.variables
+        if len(store.keys()) - 1 != len(variables):
+            raise ValueError(
+                f"The saved optimizer {self.name!r} has "
+                f"{len(store.keys()) - 1} variables and this one "
+                f"{len(variables)}: it was saved with another model, "
+                "compressor, error_feedback or inner optimizer. Build the "
+                "same configuration to load it."
+            )
+        saved = int(np.asarray(store[_REPLICAS_KEY]))
+        replicas = self._strategy.num_replicas_in_sync
+        per_replica, stacked = [], []
+        for i, variable in enumerate(variables):
+            value = np.asarray(store[str(i)])
+            if not _per_replica(variable):
+                variable.assign(value)
+                continue
+            if saved != replicas:
+                # Values every replica shares (SBC's round start); the
+                # compressor state is reset below.
+                value = np.repeat(value[:1], replicas, axis=0)
+            per_replica.append(variable)
+            stacked.append(value)
+        replica_state.scatter(self._strategy, per_replica, stacked)
+        if saved == replicas:
+            return
+        self._reset_replica_state()
+        warnings.warn(
+            f"The optimizer {self.name!r} was saved with {saved} replicas "
+            f"and is loaded with {replicas}: each replica's compressor "
+            "state (error-feedback residuals, momenta, low-rank factors, "
+            "accumulated gradients) cannot be divided among a different "
+            "number of replicas, so it starts afresh, as at the start of "
+            "training. Weights, the inner optimizer's state and the step "
+            "are restored.",
+            stacklevel=2,
+        )
+
+    def _reset_replica_state(self):
+        """Every replica's compressor state back to its initial value."""
+        for plan in self._plans:
+            initial = tf.nest.flatten(plan.state_structure)
+            for variable, value in zip(plan.state_variables, initial):
+                variable.assign(value)
+            if plan.accumulator is not None:
+                plan.accumulator.assign(tf.zeros_like(plan.accumulator))
+        for counter in (
+            *self._traffic,
+            self._run_bytes,
+            self._run_steps,
+            self._skipped_steps,
+        ):
+            counter.assign(tf.zeros_like(counter))
+
     # --- delegation and serialization --------------------------------------
 
     @property
@@ -869,6 +964,11 @@ def _non_finite_report(verdicts, names) -> tf.Tensor:
             tf.strings.reduce_join(where, separator="; "),
         ]
     )
+
+
+def _per_replica(variable) -> bool:
+    """Whether each replica keeps its own value of `variable`."""
+    return getattr(variable, "aggregation", None) == "none"
 
 
 def _no_traffic() -> communicators.Traffic:

@@ -1,0 +1,72 @@
+"""Runs inside every worker of tests/test_checkpoint_multiworker.py.
+
+Trains two epochs with TopK and error feedback under
+MultiWorkerMirroredStrategy, each worker on its own share of the data (so
+the residuals differ), with `tfgc.callbacks.BackupAndRestore`.
+`--phase through` trains without stopping; `--phase first` stops every
+worker hard (`os._exit`) after the first epoch's backup; `--phase resume`
+is the same command again, which restores from the backup and trains the
+second epoch. Each writes the weights and this worker's residuals to
+`<out>/<phase>_worker<i>.npz`.
+"""
+
+import argparse
+import os
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfgc
+from tests.test_keras_configurations import fit_small_model, worker_batches
+
+LOCAL_BATCH, STEPS, EPOCHS = 8, 4, 2
+EXIT_AFTER_FIRST_EPOCH = 17
+
+
+class StopHard(keras.callbacks.Callback):
+    """Ends the process after the first epoch, as a crash would."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        os._exit(EXIT_AFTER_FIRST_EPOCH)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--backup", required=True)
+    parser.add_argument("--phase", choices=["through", "first", "resume"])
+    args = parser.parse_args()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    index = strategy.cluster_resolver.task_id
+    dataset, _ = worker_batches(
+        strategy.num_replicas_in_sync, LOCAL_BATCH, STEPS
+    )
+    callbacks = [tfgc.callbacks.BackupAndRestore(args.backup)]
+    if args.phase == "first":
+        callbacks.append(StopHard())  # after the backup: callbacks in order
+    model = fit_small_model(
+        strategy,
+        lambda: tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.05, momentum=0.9),
+            tfgc.compressors.TopK(density=0.25),
+            min_compress_size=0,
+        ),
+        dataset,
+        epochs=EPOCHS,
+        callbacks=callbacks,
+    )
+    optimizer = model.optimizer
+    results = {"steps": optimizer.iterations.numpy()}
+    for j, w in enumerate(model.get_weights()):
+        results[f"weight{j}"] = w
+    residuals = [v for v in optimizer.variables if "residual" in v.path]
+    for j, v in enumerate(residuals):
+        results[f"residual{j}"] = v.numpy()  # this worker's own copy
+    np.savez(
+        os.path.join(args.out, f"{args.phase}_worker{index}.npz"), **results
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""An interrupted multi-worker run resumes exactly: real workers (one
+process each), a hard stop of every worker after the first epoch's backup,
+and the same command again, against the run that never stopped."""
+
+import io
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from tests.workers import ROOT, TESTS
+from tfgc import launch
+
+pytestmark = pytest.mark.multiworker
+
+NUM_WORKERS = 2
+EXIT_AFTER_FIRST_EPOCH = 17  # checkpoint_worker.py
+
+
+def _launch(out, backup, phase):
+    log = io.StringIO()
+    code = launch.run(
+        [
+            sys.executable,
+            os.path.join(TESTS, "multiworker", "checkpoint_worker.py"),
+            f"--out={out}",
+            f"--backup={backup}",
+            f"--phase={phase}",
+        ],
+        num_workers=NUM_WORKERS,
+        timeout=300,
+        env={"PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        output=log,
+    )
+    return code, log.getvalue()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("checkpoint")
+    code, log = _launch(out, out / "backup_through", "through")
+    assert code == 0, log[-5000:]
+    backup = out / "backup"
+    code, log = _launch(out, backup, "first")
+    assert code == EXIT_AFTER_FIRST_EPOCH, log[-5000:]
+    assert backup.is_dir()
+    code, log = _launch(out, backup, "resume")
+    assert code == 0, log[-5000:]
+    return {
+        phase: [
+            np.load(out / f"{phase}_worker{i}.npz") for i in range(NUM_WORKERS)
+        ]
+        for phase in ("through", "resume")
+    }
+
+
+def test_resumed_run_equals_the_run_that_never_stopped(runs):
+    for through, resumed in zip(runs["through"], runs["resume"]):
+        assert int(resumed["steps"]) == int(through["steps"])
+        for key in through.files:
+            np.testing.assert_allclose(
+                resumed[key], through[key], rtol=1e-6, atol=1e-7, err_msg=key
+            )
+
+
+def test_each_worker_kept_its_own_residual(runs):
+    first, last = runs["resume"][0], runs["resume"][-1]
+    residuals = [k for k in first.files if k.startswith("residual")]
+    assert residuals
+    assert any(not np.array_equal(first[k], last[k]) for k in residuals)
+
+
+def test_the_backup_is_removed_after_the_run(runs, tmp_path_factory):
+    del runs
+    root = tmp_path_factory.getbasetemp()
+    assert not list(root.glob("checkpoint*/backup"))
