@@ -128,3 +128,34 @@ def test_a_keras_file_holds_every_replica(mirrored, tmp_path):
     for key in saved:
         for a, b in zip(got[key], saved[key]):
             np.testing.assert_array_equal(a, b, err_msg=key)
+
+
+@pytest.mark.parametrize("restore_before_build", [False, True])
+def test_tf_train_checkpoint_gives_every_replica_its_state(
+    mirrored, tmp_path, restore_before_build
+):
+    """Restored into a built optimizer, or before its build (deferred
+    restoration, as when a run resumes before its first step)."""
+    trained = fit_small_model(mirrored, _optimizer(), *_data(), batch_size=16)
+    saved = _per_replica(trained.optimizer)
+    path = tf.train.Checkpoint(model=trained, optimizer=trained.optimizer).save(
+        str(tmp_path / "ckpt")
+    )
+    if restore_before_build:
+        restored = small_model(mirrored, _optimizer())
+        tf.train.Checkpoint(
+            model=restored, optimizer=restored.optimizer
+        ).restore(path)
+        with mirrored.scope():
+            restored.optimizer.build(restored.trainable_variables)
+    else:
+        restored = _fresh(mirrored, _optimizer())
+        tf.train.Checkpoint(
+            model=restored, optimizer=restored.optimizer
+        ).restore(path)
+    got = _per_replica(restored.optimizer)
+    for key in saved:
+        for a, b in zip(got[key], saved[key]):
+            np.testing.assert_array_equal(a, b, err_msg=key)
+    for a, b in zip(restored.get_weights(), trained.get_weights()):
+        np.testing.assert_array_equal(a, b)

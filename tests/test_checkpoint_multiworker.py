@@ -58,10 +58,19 @@ def runs(tmp_path_factory):
 def test_resumed_run_equals_the_run_that_never_stopped(runs):
     for through, resumed in zip(runs["through"], runs["resume"]):
         assert int(resumed["steps"]) == int(through["steps"])
-        for key in through.files:
+        for key in resumed.files:
             np.testing.assert_allclose(
                 resumed[key], through[key], rtol=1e-6, atol=1e-7, err_msg=key
             )
+
+
+def test_tf_train_checkpoint_restores_each_workers_residual(runs):
+    for through in runs["through"]:
+        restored = [k for k in through.files if k.startswith("tf_checkpoint")]
+        assert restored
+        for key in restored:
+            own = key.removeprefix("tf_checkpoint_")
+            np.testing.assert_array_equal(through[key], through[own])
 
 
 def test_each_worker_kept_its_own_residual(runs):

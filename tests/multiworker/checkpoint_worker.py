@@ -7,21 +7,35 @@ the residuals differ), with `tfgc.callbacks.BackupAndRestore`.
 worker hard (`os._exit`) after the first epoch's backup; `--phase resume`
 is the same command again, which restores from the backup and trains the
 second epoch. Each writes the weights and this worker's residuals to
-`<out>/<phase>_worker<i>.npz`.
+`<out>/<phase>_worker<i>.npz`; `through` also round-trips a
+`tf.train.Checkpoint` and adds the residuals it restored.
 """
 
 import argparse
 import os
+import tempfile
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 import tfgc
-from tests.test_keras_configurations import fit_small_model, worker_batches
+from tests.test_keras_configurations import (
+    fit_small_model,
+    small_model,
+    worker_batches,
+)
 
 LOCAL_BATCH, STEPS, EPOCHS = 8, 4, 2
 EXIT_AFTER_FIRST_EPOCH = 17
+
+
+def make_optimizer():
+    return tfgc.CompressedOptimizer(
+        keras.optimizers.SGD(0.05, momentum=0.9),
+        tfgc.compressors.TopK(density=0.25),
+        min_compress_size=0,
+    )
 
 
 class StopHard(keras.callbacks.Callback):
@@ -47,11 +61,7 @@ def main():
         callbacks.append(StopHard())  # after the backup: callbacks in order
     model = fit_small_model(
         strategy,
-        lambda: tfgc.CompressedOptimizer(
-            keras.optimizers.SGD(0.05, momentum=0.9),
-            tfgc.compressors.TopK(density=0.25),
-            min_compress_size=0,
-        ),
+        make_optimizer,
         dataset,
         epochs=EPOCHS,
         callbacks=callbacks,
@@ -63,9 +73,37 @@ def main():
     residuals = [v for v in optimizer.variables if "residual" in v.path]
     for j, v in enumerate(residuals):
         results[f"residual{j}"] = v.numpy()  # this worker's own copy
+    if args.phase == "through":
+        results.update(tf_checkpoint_round_trip(strategy, model, args.backup))
     np.savez(
         os.path.join(args.out, f"{args.phase}_worker{index}.npz"), **results
     )
+
+
+def tf_checkpoint_round_trip(strategy, model, backup):
+    """Saves a `tf.train.Checkpoint` (the chief to a shared directory, the
+    others to their own, as TensorFlow asks), restores the chief's into a
+    fresh model on every worker, and returns this worker's restored
+    residuals."""
+    shared = backup + "_tf_checkpoint"
+    target = (
+        shared if strategy.extended.should_checkpoint else tempfile.mkdtemp()
+    )
+    tf.train.Checkpoint(model=model, optimizer=model.optimizer).save(
+        os.path.join(target, "ckpt")
+    )
+    # A barrier: the chief has written its file once every worker is here.
+    strategy.reduce("SUM", strategy.run(lambda: tf.constant(1.0)), axis=None)
+    fresh = small_model(strategy, make_optimizer)
+    with strategy.scope():
+        fresh.optimizer.build(fresh.trainable_variables)
+    tf.train.Checkpoint(model=fresh, optimizer=fresh.optimizer).restore(
+        tf.train.latest_checkpoint(shared)
+    )
+    residuals = [v for v in fresh.optimizer.variables if "residual" in v.path]
+    return {
+        f"tf_checkpoint_residual{j}": v.numpy() for j, v in enumerate(residuals)
+    }
 
 
 if __name__ == "__main__":

@@ -29,8 +29,6 @@ _BASE_ARGS = (
     "loss_scale_factor",
     "gradient_accumulation_steps",
 )
-# The number of replicas the optimizer was saved with (Keras saving).
-_REPLICAS_KEY = "replicas"
 _INIT_STEP = -1  # key step for initial states, distinct from every real step
 # What a step does when a gradient holds NaN or Inf (docs/algorithms.md,
 # "Non-finite gradients").
@@ -374,6 +372,16 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             if not _overwrites_with_gradient(v)
         )
         super().build(var_list)
+        # tf.train.Checkpoint saves one replica's value of each variable;
+        # this entry adds every replica's (restored after the variables).
+        replica_state.track(
+            self,
+            replica_state.ReplicaValues(
+                self._strategy,
+                self._per_replica_variables,
+                self._load_replica_values,
+            ),
+        )
 
     @property
     def variables(self):
@@ -761,15 +769,15 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         worker must save at the same step (Keras's `BackupAndRestore` and
         `tfgc.callbacks.BackupAndRestore` do).
         """
-        variables = self.variables
-        per_replica = [i for i, v in enumerate(variables) if _per_replica(v)]
-        stacked = replica_state.gather(
-            self._strategy, [variables[i] for i in per_replica]
+        stacked = iter(
+            replica_state.gather(self._strategy, self._per_replica_variables())
         )
-        values = dict(zip(per_replica, stacked))
-        for i, variable in enumerate(variables):
-            store[str(i)] = values[i] if i in values else variable.numpy()
-        store[_REPLICAS_KEY] = np.array(self._strategy.num_replicas_in_sync)
+        for i, variable in enumerate(self.variables):
+            per_replica = _per_replica(variable)
+            store[str(i)] = next(stacked) if per_replica else variable.numpy()
+        store[replica_state.REPLICAS_KEY] = np.array(
+            self._strategy.num_replicas_in_sync
+        )
 
     def load_own_variables(self, store):
         """Gives each replica its own saved state back.
@@ -780,7 +788,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         sent is dropped, as at the start of training), with a warning; the
         inner optimizer's variables and the step are restored.
         """
-        if _REPLICAS_KEY not in store:
+        if replica_state.REPLICAS_KEY not in store:
             # Written before per-replica saving: one copy for all.
             return super().load_own_variables(store)
         variables = self.variables
@@ -792,21 +800,34 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 "compressor, error_feedback or inner optimizer. Build the "
                 "same configuration to load it."
             )
-        saved = int(np.asarray(store[_REPLICAS_KEY]))
-        replicas = self._strategy.num_replicas_in_sync
         per_replica, stacked = [], []
         for i, variable in enumerate(variables):
             value = np.asarray(store[str(i)])
-            if not _per_replica(variable):
+            if _per_replica(variable):
+                per_replica.append(variable)
+                stacked.append(value)
+            else:
                 variable.assign(value)
-                continue
-            if saved != replicas:
-                # Values every replica shares (SBC's round start); the
-                # compressor state is reset below.
-                value = np.repeat(value[:1], replicas, axis=0)
-            per_replica.append(variable)
-            stacked.append(value)
-        replica_state.scatter(self._strategy, per_replica, stacked)
+        self._load_replica_values(
+            int(np.asarray(store[replica_state.REPLICAS_KEY])), stacked
+        )
+
+    def _per_replica_variables(self) -> list:
+        """The variables each replica keeps its own value of, in order."""
+        return [v for v in self.variables if _per_replica(v)]
+
+    def _load_replica_values(self, saved: int, stacked) -> None:
+        """Row r of each of `stacked` (saved with `saved` replicas) to
+        replica r of `_per_replica_variables()`; with another number of
+        replicas, the first row to all, then the compressor state reset."""
+        replicas = self._strategy.num_replicas_in_sync
+        if saved != replicas:
+            # Values every replica shares (the inner optimizer's slots,
+            # SBC's round start) survive; the compressor state is reset.
+            stacked = [np.repeat(s[:1], replicas, axis=0) for s in stacked]
+        replica_state.scatter(
+            self._strategy, self._per_replica_variables(), stacked
+        )
         if saved == replicas:
             return
         self._reset_replica_state()
@@ -818,7 +839,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             "number of replicas, so it starts afresh, as at the start of "
             "training. Weights, the inner optimizer's state and the step "
             "are restored.",
-            stacklevel=2,
+            stacklevel=3,
         )
 
     def _reset_replica_state(self):

@@ -10,7 +10,12 @@ so that one file holds them all, and give each replica its own row back.
 
 Under MultiWorkerMirroredStrategy both run collectives: every worker must
 save and load at the same point (as `model.save_weights` in Keras's
-`BackupAndRestore` does on every worker).
+`BackupAndRestore` does on every worker, and as TensorFlow asks of
+`tf.train.Checkpoint.save`).
+
+Keras saving calls the optimizer's `save_own_variables`; for
+`tf.train.Checkpoint`, `ReplicaValues` is a checkpoint entry (TensorFlow's
+trackable protocol) that holds the same stacked values.
 """
 
 from __future__ import annotations
@@ -73,3 +78,48 @@ def scatter(
             variable.assign(tf.gather(values, replica))
 
     tf.function(lambda: strategy.run(local))()
+
+
+REPLICAS_KEY = "replicas"
+
+
+class ReplicaValues(tf.__internal__.tracking.Trackable):
+    """A `tf.train.Checkpoint` entry with every replica's value of the
+    variables `variables()` returns, stacked [replicas, ...], and their
+    number; restoring calls `load(saved_replicas, stacked)`."""
+
+    def __init__(self, strategy, variables, load):
+        self._strategy = strategy
+        self._variables = variables
+        self._load = load
+
+    def _serialize_to_tensors(self):
+        stacked = gather(self._strategy, self._variables())
+        tensors = {str(i): tf.constant(s) for i, s in enumerate(stacked)}
+        tensors[REPLICAS_KEY] = tf.constant(
+            self._strategy.num_replicas_in_sync, tf.int64
+        )
+        return tensors
+
+    def _restore_from_tensors(self, restored_tensors):
+        count = len(self._variables())
+        if len(restored_tensors) - 1 != count:
+            raise ValueError(
+                f"The checkpoint holds {len(restored_tensors) - 1} "
+                f"per-replica variables and this optimizer {count}: it was "
+                "saved with another model, compressor or inner optimizer."
+            )
+        stacked = [restored_tensors[str(i)].numpy() for i in range(count)]
+        self._load(int(restored_tensors[REPLICAS_KEY]), stacked)
+        return tf.no_op()
+
+
+def track(owner, entry: ReplicaValues, name: str = "replica_values") -> None:
+    """Makes `entry` a checkpoint dependency of `owner` (a Keras object).
+
+    Called from a Keras `build`, where attribute assignment does not track,
+    so the dependency is added explicitly; if a restore is pending for
+    `owner`, TensorFlow restores the entry now, after the variables the
+    build created.
+    """
+    owner._track_trackable(entry, name=name, overwrite=True)
