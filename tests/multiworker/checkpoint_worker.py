@@ -6,13 +6,16 @@ the residuals differ), with `tfgc.callbacks.BackupAndRestore`.
 `--phase through` trains without stopping; `--phase first` stops every
 worker hard (`os._exit`) after the first epoch's backup; `--phase resume`
 is the same command again, which restores from the backup and trains the
-second epoch. Each writes the weights and this worker's residuals to
+second epoch. `--phase killed` has the last worker send itself a signal
+in the second epoch, and the others must then fail on their own. Each
+writes the weights and this worker's residuals to
 `<out>/<phase>_worker<i>.npz`; `through` also round-trips a
 `tf.train.Checkpoint` and adds the residuals it restored.
 """
 
 import argparse
 import os
+import signal
 import tempfile
 
 import keras
@@ -38,6 +41,23 @@ def make_optimizer():
     )
 
 
+class SignalSelf(keras.callbacks.Callback):
+    """The last worker sends itself `signal` in the second epoch (after
+    the first epoch's backup): SIGKILL as a crash, SIGSTOP as a host that
+    stops answering."""
+
+    def __init__(self, sig):
+        super().__init__()
+        self.sig = sig
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.epoch == 1 and batch == 2:
+            os.kill(os.getpid(), self.sig)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+
 class StopHard(keras.callbacks.Callback):
     """Ends the process after the first epoch, as a crash would."""
 
@@ -49,7 +69,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--backup", required=True)
-    parser.add_argument("--phase", choices=["through", "first", "resume"])
+    parser.add_argument(
+        "--phase", choices=["through", "first", "killed", "resume"]
+    )
+    parser.add_argument("--signal", default="SIGKILL")
     args = parser.parse_args()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     index = strategy.cluster_resolver.task_id
@@ -59,6 +82,9 @@ def main():
     callbacks = [tfgc.callbacks.BackupAndRestore(args.backup)]
     if args.phase == "first":
         callbacks.append(StopHard())  # after the backup: callbacks in order
+    last = index == strategy.num_replicas_in_sync - 1
+    if args.phase == "killed" and last:
+        callbacks.append(SignalSelf(getattr(signal, args.signal)))
     model = fit_small_model(
         strategy,
         make_optimizer,
