@@ -86,6 +86,14 @@ setuptools.setup(
         "gpu": [f"tensorflow{TF_VERSION}"],
         "models": ["tensorflow-datasets>=4.9"],
         "demo": ["scikit-learn>=1.3"],
-        "test": ["pytest>=8", "hypothesis>=6", "scikit-learn>=1.3"],
+        # The benchmark lab's plots (benchmarks/lab/report.py).
+        "bench": ["matplotlib>=3.7"],
+        # matplotlib: tests/benchmarks runs the lab end to end.
+        "test": [
+            "pytest>=8",
+            "hypothesis>=6",
+            "scikit-learn>=1.3",
+            "matplotlib>=3.7",
+        ],
     },
 )

@@ -10,13 +10,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 pip=(.venv/bin/python -m pip install --quiet)
-echo "[setup] installing TensorFlow and tfgc[cpu,demo,models,test] (first time: ~2 min)"
+echo "[setup] installing TensorFlow and tfgc[cpu,demo,models,test,bench] (first time: ~2 min)"
 "${pip[@]}" --upgrade pip "setuptools>=68" wheel
 # The custom ops are compiled against the installed TensorFlow, so it goes
 # in first (same window as setup.py's `cpu` extra) and tfgc is built
 # without build isolation.
 "${pip[@]}" "tensorflow-cpu>=2.21,<2.22"
-"${pip[@]}" --no-build-isolation -e ".[cpu,demo,models,test]"
+"${pip[@]}" --no-build-isolation -e ".[cpu,demo,models,test,bench]"
 # With TFGC_REQUIRE_CUDA_CHECKS=1 (.ci/run sets it), also the CUDA 12.5
 # headers that TensorFlow 2.21's GPU build was compiled with (23 MB from
 # PyPI; the nvcc package for its crt/ headers, it has no nvcc), so that the

@@ -1,0 +1,1 @@
+"""Benchmarks; `python -m benchmarks.run` is the lab (see lab/)."""

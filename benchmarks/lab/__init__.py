@@ -1,0 +1,1 @@
+"""The benchmark lab: shaped hosts on one machine, workers, reports."""

@@ -1,0 +1,277 @@
+"""The program every lab worker runs: time each case's training step.
+
+    python -m benchmarks.lab.worker SPEC.json   (TF_CONFIG in the environment)
+
+SPEC names the model (`BATCH`), the cases, the steps and where to write
+this worker's results (`result_dir/worker<i>.json`). All cases run in one
+process under one MultiWorkerMirroredStrategy (a second strategy in a
+process would reuse collective keys):
+- `dense_fp32`: the plain Keras optimizer, which all-reduces fp32;
+- `compressed`: `tfgc.CompressedOptimizer` with the case's compressor;
+- `floor`: the same model and step outside the strategy, no collective;
+- `local_compressed`: the floor's step through `CompressedOptimizer`,
+  which compresses and decompresses without communicating (one worker).
+Each case: `warmup` steps, a barrier, the timed steps (each fetched to
+the host), a barrier. With `netdev`, the host's veth counters are read
+inside its namespace after each of the two barriers.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfgc
+from tfgc.compressors import ALL_GATHER, ALL_GATHER_RAGGED, ALL_REDUCE
+
+#: Batch per worker of each model.
+BATCH = {
+    "standin": 8,
+    "standin-small": 8,
+    "lstm-medium": 20,  # Zaremba medium: 20 x 35 tokens
+    "resnet50": 2,  # 224 x 224 images: small enough for 2 cores
+}
+LEARNING_RATE = 1e-3
+COMPRESSED = ("compressed", "local_compressed")
+LOCAL = ("floor", "local_compressed")
+
+
+def transport_factor(collective: str, workers: int) -> float | None:
+    """Bytes a worker sends per byte of its own payload, ring algorithms.
+
+    A ring all-reduce sends 2(n-1)/n of the buffer; a ring all-gather
+    sends its own payload and forwards n-2 others: n-1 times its own size
+    when all sizes are equal. Others (broadcast): None, not modelled.
+    """
+    if collective == ALL_REDUCE:
+        return 2 * (workers - 1) / workers
+    if collective in (ALL_GATHER, ALL_GATHER_RAGGED):
+        return float(workers - 1)
+    return None
+
+
+def _standin(width: int, layers: int) -> keras.Model:
+    """A Dense stack whose compute is small next to its gradient; every
+    tensor has >= 1024 elements, so all are compressed."""
+    inputs = keras.Input((width,))
+    x = inputs
+    for i in range(layers):
+        # Linear layers: the values do not matter, only the shapes.
+        x = keras.layers.Dense(width, name=f"dense{i}")(x)
+    return keras.Model(inputs, x)
+
+
+def build(name: str, rng: np.random.Generator):
+    """(model, inputs, targets, loss) of one worker for model `name`."""
+    batch = BATCH[name]
+    if name.startswith("standin"):
+        # 4 x (2500^2 + 2500) = 25.01 M; small: 2 x (1024^2 + 1024) = 2.1 M.
+        width, layers = (2500, 4) if name == "standin" else (1024, 2)
+        x = rng.standard_normal((batch, width), "float32")
+        y = rng.standard_normal((batch, width), "float32")
+        return _standin(width, layers), x, y, keras.losses.MeanSquaredError()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if name == "lstm-medium":
+        from models.lstm_lm import model as lstm
+
+        size = lstm.SIZES["medium"]
+        shape = (batch, size.num_steps)
+        x = rng.integers(0, size.vocab_size, shape, dtype="int32")
+        y = rng.integers(0, size.vocab_size, shape, dtype="int32")
+        model = lstm.build_model(size, size.vocab_size, size.num_steps)
+        return model, x, y, loss
+    if name == "resnet50":
+        from models.resnet50_imagenet import resnet
+
+        x = rng.standard_normal((batch, 224, 224, 3), "float32")
+        y = rng.integers(0, 1000, (batch,), dtype="int32")
+        return resnet.resnet((224, 224, 3), 1000), x, y, loss
+    raise ValueError(f"Unknown model {name!r}. Use one of {sorted(BATCH)}.")
+
+
+def make_optimizer(case: dict):
+    sgd = keras.optimizers.SGD(LEARNING_RATE)
+    if case["kind"] not in COMPRESSED:
+        return sgd
+    return tfgc.CompressedOptimizer(
+        sgd,
+        compressor=tfgc.compressors.get(case["compressor"], **case["kwargs"]),
+        error_feedback=case["error_feedback"],
+    )
+
+
+def analytic_bytes(case: dict, optimizer, variables, workers: int) -> dict:
+    """Payload bytes per step per worker as tfgc states them, and times
+    each collective's transport factor: what the wire should carry."""
+    payload, wire = 0, 0.0
+    for v in variables:
+        shape, dtype = tuple(v.shape), tf.as_dtype(v.dtype)
+        size = int(np.prod(shape))
+        if case["kind"] == "compressed":
+            compressor = optimizer.compressor
+            network = tfgc.compressors.Network(workers, None)
+            if (
+                size >= optimizer.min_compress_size
+                and compressor.should_compress(shape, dtype, network)
+            ):
+                nbytes = compressor.payload_bytes(shape, dtype)
+                collective = compressor.collective
+            else:
+                nbytes, collective = size * dtype.size, ALL_REDUCE
+        else:
+            nbytes, collective = size * dtype.size, ALL_REDUCE
+        factor = transport_factor(collective, workers)
+        payload += nbytes
+        wire = (
+            None if wire is None or factor is None else wire + nbytes * factor
+        )
+    return {"payload_bytes": payload, "wire_bytes": wire}
+
+
+def read_counters(netdev: str | None) -> dict | None:
+    if not netdev:
+        return None
+    stats = f"/sys/class/net/{netdev}/statistics"
+    out = {}
+    for key in ("tx_bytes", "rx_bytes"):
+        with open(f"{stats}/{key}") as f:
+            out[key] = int(f.read())
+    return out
+
+
+def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
+    workers = strategy.num_replicas_in_sync
+    rng = np.random.default_rng(1 + int(os.environ.get("TFGC_WORKER_INDEX", 0)))
+    local = case["kind"] in LOCAL
+
+    if local:
+        model, x, y, loss_fn = build(spec["model"], rng)
+        optimizer = make_optimizer(case)
+        optimizer.build(model.trainable_variables)
+    else:
+        with strategy.scope():
+            model, x, y, loss_fn = build(spec["model"], rng)
+            optimizer = make_optimizer(case)
+            optimizer.build(model.trainable_variables)
+    x, y = tf.constant(x), tf.constant(y)
+    replicas = 1 if local else workers
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True)) / replicas
+        grads = tape.gradient(loss, model.trainable_variables)
+        # Dense like tfgc's, so that every case sends the embedding's
+        # gradient whole (Keras would all-gather its IndexedSlices).
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        if case["kind"] in COMPRESSED:
+            optimizer.apply(grads, model.trainable_variables)
+        else:
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    if local:
+        step = tf.function(replica_step)
+    else:
+        step = tf.function(lambda x, y: strategy.run(replica_step, args=(x, y)))
+
+    def one_step():
+        t0 = time.perf_counter()
+        loss = step(x, y)
+        loss = (
+            strategy.experimental_local_results(loss)[0] if not local else loss
+        )
+        loss.numpy()  # wait for the step, collectives included
+        return time.perf_counter() - t0
+
+    for _ in range(spec["warmup"]):
+        one_step()
+    barrier()
+    before = read_counters(spec.get("netdev"))
+    times = [one_step() for _ in range(spec["steps"])]
+    # After the barrier every step's data has arrived, so it has also
+    # left this host (a worker may finish its step before its last sends
+    # leave the queue); the barrier adds a few hundred bytes.
+    barrier()
+    after = read_counters(spec.get("netdev"))
+
+    result = {
+        "name": case["name"],
+        "kind": case["kind"],
+        "step_times_s": times,
+        "median_step_s": statistics.median(times),
+        "analytic": None
+        if local
+        else analytic_bytes(
+            case, optimizer, model.trainable_variables, workers
+        ),
+        "tfgc_stats": optimizer.compression_stats()
+        if case["kind"] == "compressed"
+        else None,
+        "counters_delta": None
+        if before is None
+        else {k: after[k] - before[k] for k in before},
+    }
+    return result
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    # AutoGraph's notes about tfgc's helpers would drown the progress lines.
+    tf.get_logger().setLevel("ERROR")
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    index = int(os.environ.get("TFGC_WORKER_INDEX", 0))
+
+    @tf.function
+    def _barrier():
+        def fn():
+            ctx = tf.distribute.get_replica_context()
+            return ctx.all_reduce("SUM", tf.ones([]))
+
+        return strategy.run(fn)
+
+    def barrier():
+        strategy.experimental_local_results(_barrier())[0].numpy()
+
+    results = []
+    for i, case in enumerate(spec["cases"]):
+        barrier()
+        result = run_case(case, spec, strategy, barrier)
+        gc.collect()  # the case's model and optimizer, before the next
+        results.append(result)
+        if index == 0:
+            delta = result["counters_delta"]
+            wire = ""
+            if delta is not None:
+                sent = delta["tx_bytes"] / spec["steps"] / 1e6
+                wire = f", {sent:.2f} MB/step sent by host 0"
+            print(
+                f"[lab] case {i + 1}/{len(spec['cases'])} {case['name']}: "
+                f"median {result['median_step_s'] * 1e3:.1f} ms/step over "
+                f"{spec['steps']} steps{wire}",
+                flush=True,
+            )
+    out = os.path.join(spec["result_dir"], f"worker{index}.json")
+    with open(out, "w") as f:
+        json.dump(
+            {
+                "worker": index,
+                "workers": strategy.num_replicas_in_sync,
+                "custom_ops": tfgc.ops.using_custom_ops(),
+                "cases": results,
+            },
+            f,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

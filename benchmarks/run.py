@@ -1,0 +1,435 @@
+"""The benchmark lab: end-to-end step time on shaped hosts on one machine.
+
+    sudo .venv/bin/python -m benchmarks.run --preset 1gbit
+    .venv/bin/python -m benchmarks.run --preset smoke --out /tmp/lab
+    .venv/bin/python -m benchmarks.run --preset smoke --localhost
+    .venv/bin/python -m benchmarks.run --cleanup
+
+Each run makes `--hosts` network namespaces behind a bridge, shapes every
+host's link both ways (`benchmarks/lab/netns.py`), starts
+`--workers_per_host` MultiWorkerMirroredStrategy workers in each
+(`benchmarks/lab/worker.py`), and times dense fp32, dense fp16, every
+`--compressors` entry and the no-communication floor in the same run. A
+comma list of rates or latencies is a sweep: one run, one fresh testbed,
+per pair. Results go to `--out` as `<preset>.json`, `<preset>.md` and
+plots (`benchmarks/lab/report.py`). Everything created is removed on
+success, failure, timeout, Ctrl-C and SIGTERM; `--cleanup` removes what a
+killed run left. Flags given with `--preset` override the preset's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks.lab import cluster, netns, report, tcprate
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_OUT = os.path.join(REPO, "docs", "benchmarks")
+WORKER_PORT = 20000
+EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
+
+PRESETS = {
+    # CI's test of the lab itself: set-up, shaping, counters, tear-down.
+    "smoke": {
+        "hosts": 2,
+        "rate": "1gbit",
+        "model": "standin-small",
+        "compressors": "topk:0.01",
+        "steps": 5,
+        "warmup": 2,
+        "timeout": 110,
+        "check_rate": True,
+    },
+    "1gbit": {
+        "hosts": 4,
+        "rate": "1gbit",
+        "model": "standin",
+        "compressors": "topk:0.001",
+        "steps": 10,
+        "warmup": 2,
+        "timeout": 900,
+    },
+    "10gbit": {
+        "hosts": 4,
+        "rate": "10gbit",
+        "model": "standin",
+        "compressors": "topk:0.001",
+        "steps": 10,
+        "warmup": 2,
+        "timeout": 900,
+    },
+    # The issue's real models, synthetic data (slow on 2 cores).
+    "lstm-1gbit": {
+        "hosts": 4,
+        "rate": "1gbit",
+        "model": "lstm-medium",
+        "compressors": "topk:0.001",
+        "steps": 5,
+        "warmup": 2,
+        "timeout": 1500,
+    },
+    "resnet50-1gbit": {
+        "hosts": 4,
+        "rate": "1gbit",
+        "model": "resnet50",
+        "compressors": "topk:0.001",
+        "steps": 5,
+        "warmup": 2,
+        "timeout": 1500,
+    },
+}
+DEFAULTS = {
+    "hosts": 2,
+    "workers_per_host": 1,
+    "rate": "1gbit",
+    "latency": "0",
+    "model": "standin",
+    "compressors": "topk:0.001",
+    "steps": 10,
+    "warmup": 2,
+    "timeout": 900,
+    "check_rate": False,
+}
+
+
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised where the main thread is, so that every
+    context manager on the stack tears down what it made."""
+
+
+def parse_compressor(text: str) -> dict:
+    """'topk:0.001' | 'powersgd:rank=4' | 'signsgd:scaled=false,ef=0'."""
+    name, _, args = text.partition(":")
+    kwargs, error_feedback = {}, True
+    for item in filter(None, args.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:  # a bare number is the density
+            key, value = "density", item
+        value = {"true": True, "false": False}.get(value.lower(), value)
+        if isinstance(value, str):
+            try:
+                value = int(value) if value.isdigit() else float(value)
+            except ValueError:
+                pass
+        if key == "ef":
+            error_feedback = bool(value)
+        else:
+            kwargs[key] = value
+    label = (
+        name
+        + ("" if not args else f" {args}")
+        + (" +EF" if error_feedback else "")
+    )
+    return {
+        "name": label,
+        "kind": "compressed",
+        "compressor": name,
+        "kwargs": kwargs,
+        "error_feedback": error_feedback,
+    }
+
+
+def cases(compressors: str) -> list[dict]:
+    """Dense fp32 and fp16, the compressors, the floor, then each
+    compressor in the floor's local step (its compute overhead)."""
+    fp16 = {
+        "name": "dense fp16",
+        "kind": "compressed",
+        "compressor": "fp16",
+        "kwargs": {},
+        "error_feedback": False,
+    }
+    listed = [parse_compressor(c) for c in compressors.split() if c]
+    local = [
+        dict(c, name=f"{c['name']}, no communication", kind="local_compressed")
+        for c in listed
+    ]
+    return (
+        [{"name": "dense fp32", "kind": "dense_fp32"}, fp16]
+        + listed
+        + [{"name": "no communication", "kind": "floor"}]
+        + local
+    )
+
+
+def machine() -> dict:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_once(args, rate: str | None, latency: str, deadline: float) -> dict:
+    """One testbed (or loopback), one set of workers, every case."""
+    hosts, per_host = args.hosts, args.workers_per_host
+    spec = {
+        "model": args.model,
+        "cases": cases(args.compressors),
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
+    result = {
+        "rate": rate,
+        "latency": latency,
+        "hosts": hosts,
+        "workers_per_host": per_host,
+        "load_before": _load(),
+    }
+    with tempfile.TemporaryDirectory(prefix="tfgc-lab-") as tmp:
+        spec["result_dir"] = tmp
+        if args.localhost:
+            from tfgc.launch import free_ports
+
+            workers = [
+                cluster.Worker("127.0.0.1", port, label=f"w{i}")
+                for i, port in enumerate(free_ports(hosts * per_host))
+            ]
+            _run_workers(workers, spec, tmp, deadline)
+        else:
+            with netns.Testbed(hosts, rate, latency) as testbed:
+                result["qdiscs"] = testbed.qdiscs()
+                if args.check_rate and hosts >= 2:
+                    a, b = testbed.hosts[:2]
+                    result["rate_check"] = [
+                        tcprate.measure(a, b),
+                        tcprate.measure(b, a),
+                    ]
+                    for check in result["rate_check"]:
+                        print(
+                            f"[lab] TCP {check['src']} -> {check['dst']}: "
+                            f"{check['rate_bits'] / 1e6:.0f} Mbit/s "
+                            f"(configured {rate})",
+                            flush=True,
+                        )
+                workers = [
+                    cluster.Worker(
+                        host.address,
+                        WORKER_PORT + g,
+                        tuple(host.exec_prefix()),
+                        host.peer,
+                        f"h{host.index}w{g}",
+                    )
+                    for host in testbed.hosts
+                    for g in range(per_host)
+                ]
+                _run_workers(workers, spec, tmp, deadline)
+        per_worker = []
+        for i in range(len(workers)):
+            with open(os.path.join(tmp, f"worker{i}.json")) as f:
+                per_worker.append(json.load(f))
+    result["load_after"] = _load()
+    result["custom_ops"] = per_worker[0]["custom_ops"]
+    result["cases"] = report.summarize(per_worker, hosts, per_host, args.steps)
+    return result
+
+
+def _run_workers(workers, spec, tmp, deadline) -> None:
+    spec_path = os.path.join(tmp, "spec.json")
+    # The host's own veth end, named in the spec per worker below.
+    for i, worker in enumerate(workers):
+        spec_i = dict(spec, netdev=worker.netdev)
+        with open(f"{spec_path}.{i}", "w") as f:
+            json.dump(spec_i, f)
+    commands = [
+        [sys.executable, "-m", "benchmarks.lab.worker", f"{spec_path}.{i}"]
+        for i in range(len(workers))
+    ]
+    env = {
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [REPO, os.environ.get("PYTHONPATH")])
+        ),
+        "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+    }
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("no time left for this run")
+    cluster.run(workers, commands, remaining, env=env)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description=__doc__.split("\n\n")[0],
+    )
+    parser.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="smoke: CI's 2-host check of the lab; 1gbit, 10gbit: 4 hosts, "
+        "the stand-in; lstm-1gbit, resnet50-1gbit: 4 hosts, those models",
+    )
+    parser.add_argument("--hosts", type=int)
+    parser.add_argument("--workers_per_host", type=int)
+    parser.add_argument("--rate", help="per host and direction, e.g. 1gbit; "
+                        "a comma list sweeps")  # fmt: skip
+    parser.add_argument("--latency", help="one-way host to host, e.g. 0.2ms "
+                        "(needs sch_netem); a comma list sweeps")  # fmt: skip
+    parser.add_argument(
+        "--model",
+        choices=["standin", "standin-small", "lstm-medium", "resnet50"],
+        help="the 25 M-parameter Dense stand-in (communication-bound), its "
+        "2.1 M smoke twin, models/lstm_lm medium or models/resnet50_imagenet"
+        " (synthetic data)",
+    )
+    parser.add_argument(
+        "--compressors",
+        help="space-separated, e.g. 'topk:0.001 powersgd:rank=4 "
+        "signsgd:scaled=false,ef=0' (error feedback unless ef=0)",
+    )
+    parser.add_argument("--steps", type=int, help="timed steps per case")
+    parser.add_argument("--warmup", type=int, help="untimed steps first")
+    parser.add_argument("--timeout", type=float, help="seconds, whole command")
+    parser.add_argument(
+        "--check_rate",
+        action=argparse.BooleanOptionalAction,
+        help="measure the TCP rate between two hosts first",
+    )
+    parser.add_argument(
+        "--localhost",
+        action="store_true",
+        help="no namespaces, no shaping: workers on 127.0.0.1 (no root "
+        "needed; no bytes on the wire)",
+    )
+    parser.add_argument("--out", default=DEFAULT_OUT)
+    parser.add_argument(
+        "--cleanup",
+        action="store_true",
+        help="remove namespaces and links that a killed run left, and exit",
+    )
+    return parser
+
+
+def _settings(args) -> argparse.Namespace:
+    merged = dict(DEFAULTS, **PRESETS.get(args.preset, {}))
+    for key in DEFAULTS:
+        if getattr(args, key) is not None:
+            merged[key] = getattr(args, key)
+    out = argparse.Namespace(**vars(args))
+    out.__dict__.update(merged)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.cleanup:
+        if not netns.have_net_admin():
+            print(netns.no_privilege_message(), file=sys.stderr)
+            return EXIT_USAGE
+        removed = netns.cleanup_leftovers()
+        print(f"[lab] removed {len(removed)}: {' '.join(removed) or '-'}")
+        return 0
+    args = _settings(args)
+    try:
+        rates = [r for r in args.rate.split(",") if r]
+        latencies = [x for x in args.latency.split(",") if x]
+        for r in rates:
+            netns.parse_rate(r)
+        for x in latencies:
+            netns.parse_time(x)
+        cases(args.compressors)
+    except ValueError as err:
+        parser.error(str(err))
+    if not 1 <= args.hosts <= netns.MAX_HOSTS or args.workers_per_host < 1:
+        parser.error("--hosts must be in [1, 99], --workers_per_host >= 1")
+    if not args.localhost and not netns.have_net_admin():
+        print(netns.no_privilege_message(), file=sys.stderr)
+        return EXIT_USAGE
+
+    def on_signal(signum, frame):
+        raise _Terminated(signal.Signals(signum).name)
+
+    previous = {
+        s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)
+    }
+    start = time.monotonic()
+    deadline = start + args.timeout
+    grid = (
+        [(None, "0")]
+        if args.localhost
+        else [(r, x) for r in rates for x in latencies]
+    )
+    command = "python -m benchmarks.run " + shlex.join(argv)
+    runs = []
+    code = 0
+    try:
+        for i, (rate, latency) in enumerate(grid):
+            print(
+                f"[lab] run {i + 1}/{len(grid)}: {args.hosts} hosts x "
+                f"{args.workers_per_host} worker(s), rate {rate or 'unshaped'},"
+                f" latency {latency}, {args.model}, "
+                f"{len(cases(args.compressors))} cases, "
+                f"{deadline - time.monotonic():.0f} s left",
+                flush=True,
+            )
+            t0 = time.monotonic()
+            runs.append(run_once(args, rate, latency, deadline))
+            print(
+                f"[lab] run {i + 1}/{len(grid)} done in "
+                f"{time.monotonic() - t0:.0f} s",
+                flush=True,
+            )
+    except TimeoutError as err:
+        print(f"[lab] stopped: {err}", file=sys.stderr)
+        code = EXIT_TIMEOUT
+    except (cluster.WorkerFailed, RuntimeError) as err:  # ip, tc, tcprate
+        print(f"[lab] failed: {err}", file=sys.stderr)
+        code = EXIT_FAILED
+    except KeyboardInterrupt:
+        print(
+            "[lab] interrupted; everything created was removed", file=sys.stderr
+        )
+        code = 128 + signal.SIGINT
+    except _Terminated as err:
+        print(
+            f"[lab] got {err}; everything created was removed", file=sys.stderr
+        )
+        code = 128 + signal.SIGTERM
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if code:
+        return code
+    results = {
+        "preset": args.preset,
+        "command": command,
+        "settings": {k: getattr(args, k) for k in DEFAULTS}
+        | {"localhost": args.localhost},
+        "machine": machine(),
+        "uptime": subprocess.run(
+            ["uptime"], capture_output=True, text=True, check=False
+        ).stdout.strip(),
+        "seconds": round(time.monotonic() - start, 1),
+        "runs": runs,
+    }
+    paths = report.write(results, args.out, args.preset or "custom")
+    print(f"[lab] wrote {', '.join(paths)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
