@@ -12,9 +12,12 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 
 
-def run_worker_script(script: str, num_workers: int, out, timeout=300):
-    """Runs `tests/multiworker/<script> --out <out>` on `num_workers`
-    workers and returns what each wrote to `<out>/worker<i>.npz`.
+def run_worker_script(
+    script: str, num_workers: int, out, timeout=300, args=(), prefix=""
+):
+    """Runs `tests/multiworker/<script> --out <out> <args>` on
+    `num_workers` workers and returns what each wrote to
+    `<out>/<prefix>worker<i>.npz`.
 
     The default timeout is short: in these tests a hang is the failure.
     """
@@ -25,6 +28,7 @@ def run_worker_script(script: str, num_workers: int, out, timeout=300):
             os.path.join(TESTS, "multiworker", script),
             "--out",
             str(out),
+            *args,
         ],
         num_workers=num_workers,
         timeout=timeout,
@@ -33,7 +37,8 @@ def run_worker_script(script: str, num_workers: int, out, timeout=300):
     )
     assert code == 0, log.getvalue()[-5000:]
     return [
-        np.load(os.path.join(out, f"worker{i}.npz")) for i in range(num_workers)
+        np.load(os.path.join(out, f"{prefix}worker{i}.npz"))
+        for i in range(num_workers)
     ]
 
 
