@@ -8,6 +8,7 @@
 // on the CPU emulation of cuda_emulation.h (run_harness.py --emulate).
 
 #include <cstdint>
+#include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>  // _mm_getcsr, _mm_setcsr
@@ -69,6 +70,30 @@ class ScopedFlushDenormals {
   unsigned saved_ = 0;
 };
 
+// One TopKSample call of the C API: while alive, the thread flushes
+// denormals when asked (ScopedFlushDenormals); under the emulation, what
+// the launchers asked of the host meanwhile goes to g_top_k_traffic.
+class TopKSampleCall {
+ public:
+  explicit TopKSampleCall(bool flush_denormals) : flush_(flush_denormals) {}
+  ~TopKSampleCall() {
+#if defined(TFGC_CUDA_EMULATION)
+    const tfgc::emu::HostTraffic& after = tfgc::emu::Traffic();
+    g_top_k_traffic = {after.waits - before_.waits,
+                       after.to_host - before_.to_host,
+                       after.from_host - before_.from_host};
+#endif
+  }
+  TopKSampleCall(const TopKSampleCall&) = delete;
+  TopKSampleCall& operator=(const TopKSampleCall&) = delete;
+
+ private:
+  ScopedFlushDenormals flush_;
+#if defined(TFGC_CUDA_EMULATION)
+  tfgc::emu::HostTraffic before_ = tfgc::emu::Traffic();
+#endif
+};
+
 }  // namespace
 
 extern "C" {
@@ -111,14 +136,11 @@ int tfgc_top_k_sample(int dtype, const void* x, int64_t n, int64_t k,
   if (flush_denormals && !TFGC_HARNESS_HAVE_MXCSR) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  ScopedFlushDenormals flush(flush_denormals != 0);
+  TopKSampleCall call(flush_denormals != 0);
   int err = EnsureScratch(tfgc::gpu::TopKSampleScratchBytes(n));
   if (err != 0) return err;
   const auto dt = static_cast<tfgc::gpu::DType>(dtype);
   const auto m = static_cast<tfgc::TopKSampleMode>(mode);
-#if defined(TFGC_CUDA_EMULATION)
-  const tfgc::emu::HostTraffic before = tfgc::emu::Traffic();
-#endif
   err = tfgc::gpu::TopKSamplePlan(dt, x, n, k, m, rounds, seed, g_scratch,
                                   nullptr);
   if (err == 0) {
@@ -132,12 +154,56 @@ int tfgc_top_k_sample(int dtype, const void* x, int64_t n, int64_t k,
     err = tfgc::gpu::TopKSampleWrite(dt, x, n, *out_size, values, indices,
                                      zero_selected, g_scratch, nullptr);
   }
-#if defined(TFGC_CUDA_EMULATION)
-  const tfgc::emu::HostTraffic& after = tfgc::emu::Traffic();
-  g_top_k_traffic = {after.waits - before.waits,
-                     after.to_host - before.to_host,
-                     after.from_host - before.from_host};
-#endif
+  return err;
+}
+
+// The segmented TopKSample over the fused buffer `x`: `table` (host) holds
+// `count` rows (offset, n, k, seed); the selections go one after another
+// into values/indices (`capacity` entries), out_sizes[count] (host) gets
+// each segment's size. The scratch is a device buffer of its own, of
+// exactly TopKSampleSegmentsScratchBytes, so the guard page catches an
+// access past it. Otherwise as tfgc_top_k_sample (traffic included).
+int tfgc_top_k_sample_segments(int dtype, const void* x,
+                               const int64_t* table, int count, int mode,
+                               int rounds, void* values, int32_t* indices,
+                               int64_t capacity, int64_t* out_sizes,
+                               void* zero_selected, int flush_denormals) {
+  if (flush_denormals && !TFGC_HARNESS_HAVE_MXCSR) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  TopKSampleCall call(flush_denormals != 0);
+  std::vector<tfgc::gpu::TopKSampleSegment> segments(count > 0 ? count : 0);
+  for (int s = 0; s < count; ++s) {
+    segments[s].offset = table[4 * s];
+    segments[s].n = table[4 * s + 1];
+    segments[s].k = table[4 * s + 2];
+    segments[s].seed = table[4 * s + 3];
+  }
+  // -1 for an invalid table, which the launchers must refuse.
+  const int64_t bytes =
+      tfgc::gpu::TopKSampleSegmentsScratchBytes(segments.data(), count);
+  void* scratch = nullptr;
+  int err = static_cast<int>(cudaMalloc(&scratch, bytes > 0 ? bytes : 1));
+  if (err != 0) return err;
+  const auto dt = static_cast<tfgc::gpu::DType>(dtype);
+  const auto m = static_cast<tfgc::TopKSampleMode>(mode);
+  err = tfgc::gpu::TopKSampleSegmentsPlan(dt, x, segments.data(), count, m,
+                                          rounds, scratch, nullptr);
+  if (err == 0) {
+    err = tfgc::gpu::TopKSampleSegmentsOutputSizes(
+        m, segments.data(), count, scratch, nullptr, out_sizes);
+  }
+  int64_t total = 0;
+  for (int s = 0; err == 0 && s < count; ++s) total += out_sizes[s];
+  if (err == 0 && total > capacity) {
+    err = static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (err == 0) {
+    err = tfgc::gpu::TopKSampleSegmentsWrite(dt, x, segments.data(), count,
+                                             total, values, indices,
+                                             zero_selected, scratch, nullptr);
+  }
+  cudaFree(scratch);
   return err;
 }
 
@@ -246,9 +312,10 @@ int tfgc_emulation_configure(int multiprocessors, int max_grid_x,
 }
 
 // The host waits, copies to the host and copies from the host of the
-// launchers of the last tfgc_top_k_sample (traffic[3]): none in mstopk and
-// trimmed modes, at most one wait and one copy to the host in threshold
-// mode (its output size).
+// launchers of the last tfgc_top_k_sample or tfgc_top_k_sample_segments
+// (traffic[3]): no wait and no copy to the host in mstopk and trimmed
+// modes, at most one of each in threshold mode (the output sizes); the
+// segmented launch copies its segment table from the host once.
 int tfgc_emulation_top_k_sample_traffic(int64_t* traffic) {
   traffic[0] = g_top_k_traffic.waits;
   traffic[1] = g_top_k_traffic.to_host;

@@ -103,3 +103,15 @@ def np_select(x, k, mode, rounds=20, seed=0) -> np.ndarray:
     start = np_slice_start(seed, size - need)
     chosen = band_idx[start : start + need]
     return np.sort(np.concatenate([np.flatnonzero(above), chosen]))
+
+
+def np_select_segments(x, segments, mode, rounds=20) -> list[np.ndarray]:
+    """The segmented selection: for each (offset, n, k, seed) row of
+    `segments`, np_select on x[offset:offset + n] alone (indices counted
+    from the segment's start)."""
+    x = np.asarray(x).reshape(-1)
+    rows = [tuple(int(v) for v in row) for row in segments]
+    return [
+        np_select(x[off : off + n], k, mode, rounds=rounds, seed=seed)
+        for off, n, k, seed in rows
+    ]

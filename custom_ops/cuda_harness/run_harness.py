@@ -58,7 +58,10 @@ EMULATED_DEVICES = (
 
 sys.path.insert(0, ROOT)
 from custom_ops import build as ops_build  # noqa: E402
-from custom_ops.cuda_harness.numpy_oracle import np_select  # noqa: E402
+from custom_ops.cuda_harness.numpy_oracle import (  # noqa: E402
+    np_select,
+    np_select_segments,
+)
 
 
 def build_library(output: str = LIB, verbose: bool = False) -> str:
@@ -165,6 +168,9 @@ class Harness:
         self.lib.tfgc_top_k_sample.argtypes = [
             i32, vp, i64, i64, i32, i32, i64, vp, vp, i64,
             ctypes.POINTER(i64), vp, i32,
+        ]  # fmt: skip
+        self.lib.tfgc_top_k_sample_segments.argtypes = [
+            i32, vp, vp, i32, i32, i32, vp, vp, i64, vp, vp, i32,
         ]  # fmt: skip
         self.lib.tfgc_malloc.argtypes = [ctypes.POINTER(vp), i64]
         self.lib.tfgc_free.argtypes = [vp]
@@ -282,6 +288,51 @@ class Harness:
         z = self.to_host(d_z, [n], x.dtype) if zero else None
         self.free(d_x, d_v, d_i, *([d_z] if zero else []))
         return v, i, z
+
+    def top_k_sample_segments(
+        self,
+        x: np.ndarray,
+        dtype: str,
+        table: np.ndarray,
+        mode: str,
+        zero: bool = False,
+        flush: bool = False,
+        allow_error: bool = False,
+    ):
+        """The segmented TopKSample over the fused `x`; `table` has rows
+        (offset, n, k, seed). Returns (values, indices, sizes, x with the
+        selections zeroed or None): values and indices of all segments one
+        after another, sizes[s] the length of segment s's part. With
+        `allow_error`, a failure leaves its cudaError_t in
+        `segments_error` instead of raising. Under the emulation
+        `top_k_traffic` then holds the launchers' host traffic."""
+        table = np.ascontiguousarray(table, np.int64).reshape(-1, 4)
+        count = table.shape[0]
+        cap = max(1, x.size)  # disjoint segments select at most x.size
+        d_x = self.to_device(x)
+        d_v = self.alloc(cap * x.itemsize)
+        d_i = self.alloc(cap * 4)
+        d_z = self.to_device(x) if zero else None
+        sizes = np.full(max(1, count), -1, np.int64)
+        err = self.lib.tfgc_top_k_sample_segments(
+            DTYPES.index(dtype), d_x, table.ctypes.data, count,
+            MODES.index(mode), 20, d_v, d_i, cap, sizes.ctypes.data, d_z,
+            int(flush),
+        )  # fmt: skip
+        self.segments_error = err
+        if err != 0 and not allow_error:
+            self.check(err, "top_k_sample_segments")
+        if self.emulated:
+            traffic = np.zeros(3, np.int64)
+            self.lib.tfgc_emulation_top_k_sample_traffic(traffic.ctypes.data)
+            self.top_k_traffic = tuple(int(t) for t in traffic)
+        sizes = sizes[:count] if err == 0 else np.zeros(count, np.int64)
+        total = int(sizes.sum())
+        v = self.to_host(d_v, [total], x.dtype)
+        i = self.to_host(d_i, [total], np.int32)
+        z = self.to_host(d_z, [x.size], x.dtype) if zero else None
+        self.free(d_x, d_v, d_i, *([d_z] if zero else []))
+        return v, i, sizes, z
 
     def add_residual(self, g: np.ndarray, r: np.ndarray, dtype: str):
         d_g, d_r = self.to_device(g), self.to_device(r)
@@ -651,6 +702,14 @@ def top_k_inputs(
     yield f"equal magnitudes {n=}", x, DTYPES, ks
 
 
+def report(ok: bool, verbose: bool, what: str) -> int:
+    """Prints `what` as ok or MISMATCH (only mismatches unless `verbose`);
+    returns 1 for a mismatch, else 0."""
+    if verbose or not ok:
+        print(f"{'ok' if ok else 'MISMATCH'} {what}", flush=True)
+    return int(not ok)
+
+
 def expected_traffic(mode: str, n: int, k: int) -> tuple[int, int, int]:
     """What TopKSample's launchers may ask of the host: (waits, copies to
     the host, copies from the host). Nothing in the exact-k modes; one copy
@@ -697,14 +756,217 @@ def check_top_k_sample(h: Harness, sizes, setup, verbose) -> int:
                         z_want = x.copy()
                         z_want[want] = 0
                         ok = ok and same_bits(z, z_want)
-                    if verbose or not ok:
-                        print(
-                            f"{'ok' if ok else 'MISMATCH'} top_k_sample "
-                            f"{name} {k=} {mode} {dtype} {zero=} "
-                            f"flush_denormals={flush}{traffic}{where}",
-                            flush=True,
-                        )
-                    failures += not ok
+                    failures += report(
+                        ok,
+                        verbose,
+                        f"top_k_sample {name} {k=} {mode} {dtype} {zero=} "
+                        f"flush_denormals={flush}{traffic}{where}",
+                    )
+    return failures
+
+
+def resnet50_sizes() -> list[int]:
+    """Element counts of ResNet-50's 161 trainable tensors (Keras
+    ResNet50 without conv biases): the 7x7 stem, 16 bottleneck blocks of
+    stages (3, 4, 6, 3) with a projection shortcut in each stage's first,
+    batch norm gamma and beta after every conv, and the 2048 x 1000 dense
+    layer with its bias: 64 to 2,359,296 elements, 25.5 M in all."""
+    sizes = [7 * 7 * 3 * 64, 64, 64]
+    c_in = 64
+    for blocks, f in ((3, 64), (4, 128), (6, 256), (3, 512)):
+        for b in range(blocks):
+            sizes += [c_in * f, f, f, 9 * f * f, f, f, f * 4 * f, 4 * f, 4 * f]
+            if b == 0:
+                sizes += [c_in * 4 * f, 4 * f, 4 * f]
+            c_in = 4 * f
+    return sizes + [2048 * 1000, 1000]
+
+
+def resnet50_segments(scale: int, rng):
+    """(float32 fused buffer, table rows (offset, n, k, seed)) of
+    ResNet-50's tensors, each above 4096 elements divided by `scale`:
+    weights Gaussian at a per-tensor scale, batch norm gammas near 1 with
+    ties, betas mostly zero; k at 1 % (at least 1)."""
+    parts, rows, offset = [], [], 0
+    for s, size in enumerate(resnet50_sizes()):
+        n = size if size <= 4096 else max(4097, size // scale)
+        if size <= 4096 and s % 3 == 1:  # gamma
+            x = 1 + np.round(rng.standard_normal(n) * 8) / 64
+        elif size <= 4096 and s % 3 == 2:  # beta
+            x = np.where(rng.random(n) < 0.9, 0, rng.standard_normal(n))
+        else:
+            x = rng.standard_normal(n) * 2.0 ** rng.integers(-12, 2)
+        parts.append(x.astype(np.float32))
+        rows.append((offset, n, max(1, -(-n // 100)), 1000 + s))
+        offset += n
+    return np.concatenate(parts), np.array(rows, np.int64)
+
+
+def segment_part(rng, n: int, which: int) -> np.ndarray:
+    """One segment's float32 values of kind `which` (top_k_inputs's
+    special sets: Gaussian with NaN and Inf, ties, equal, zeros,
+    subnormals, a huge outlier, 98 % zeros, heavy tails)."""
+    kind = which % 8
+    if kind == 0:
+        x = rng.standard_normal(n)
+        if n > 100:
+            x[rng.integers(0, n, 2)] = np.nan
+            x[rng.integers(0, n, 2)] = -np.inf
+    elif kind == 1:
+        x = np.round(rng.standard_normal(n) * 2)
+    elif kind == 2:
+        x = np.full(n, -1.5)
+    elif kind == 3:
+        x = np.zeros(n)
+    elif kind == 4:
+        x = rng.integers(-8, 8, n) * 2.0**-140
+    elif kind == 5:
+        x = rng.standard_normal(n)
+        x[n // 3 if n else 0 : n // 3 + 1] = -1e30
+    elif kind == 6:
+        x = np.where(rng.random(n) < 0.02, rng.standard_normal(n), 0)
+    else:
+        x = rng.standard_t(2, n)
+    return np.asarray(x, np.float32)
+
+
+def segment_inputs(sizes, rng, scale: int):
+    """(description, float32 fused buffer, table rows (offset, n, k, seed),
+    dtypes) of segmented selections: mixed sizes and kinds with k = 0, 1,
+    2, n/1000, n/2, n - 1 and n, segments with n = 0, gaps between
+    segments and offsets out of order; k = n everywhere; every segment
+    inactive; no segment; one segment; ResNet-50's 161 tensors."""
+    ks = (
+        lambda n: 0, lambda n: 1, lambda n: n // 2, lambda n: n,
+        lambda n: max(1, n // 1000), lambda n: n - 1, lambda n: 2,
+    )  # fmt: skip
+
+    def fuse(lengths, k_of, order=None, gap=0):
+        order = range(len(lengths)) if order is None else order
+        x = np.full(sum(lengths) + gap * (len(lengths) + 1), 7.0, np.float32)
+        rows = [None] * len(lengths)
+        offset = gap
+        for j in order:  # segment j lies at the j-th place in `order`
+            n = lengths[j]
+            x[offset : offset + n] = segment_part(rng, n, j)
+            k = min(n, max(0, k_of(j, n)))
+            rows[j] = (offset, n, k, 17 * j + n)
+            offset += n + gap
+        return x, np.array(rows, np.int64).reshape(-1, 4)
+
+    lengths = [n for n in sizes] + [0, 3, 0]
+    mixed = [lengths[j] for j in rng.permutation(len(lengths))]
+    x, rows = fuse(mixed, lambda j, n: ks[j % len(ks)](n))
+    yield f"mixed sizes count={len(rows)}", x, rows, DTYPES
+    x, rows = fuse(
+        mixed, lambda j, n: ks[(j + 3) % len(ks)](n),
+        order=list(reversed(range(len(mixed)))), gap=5,
+    )  # fmt: skip
+    yield f"gaps, offsets reversed count={len(rows)}", x, rows, DTYPES
+    x, rows = fuse(mixed, lambda j, n: n)
+    yield "k = n everywhere", x, rows, ("float32",)
+    x, rows = fuse([0, 5, 0, 9], lambda j, n: 0)
+    yield "every segment inactive", x, rows, ("float32",)
+    yield "no segment", np.zeros(4, np.float32), np.zeros((0, 4)), ("float32",)
+    big = max(sizes)
+    x, rows = fuse([big], lambda j, n: max(1, n // 100))
+    yield f"one segment n={big}", x, rows, ("float16",)
+    x, rows = resnet50_segments(scale, rng)
+    yield f"ResNet-50 {len(rows)} tensors /{scale}", x, rows, DTYPES
+
+
+def expected_segment_traffic(mode: str, table) -> tuple[int, int, int]:
+    """The segmented launchers' host traffic: the segment table copied to
+    the device once, and expected_traffic's wait and copy of the sizes in
+    threshold mode, whatever the number of segments."""
+    active = any(n > 0 and k > 0 for _, n, k, _ in table)
+    return (*expected_traffic(mode, int(active), int(active))[:2], int(active))
+
+
+def check_top_k_segments(h: Harness, sizes, setup, verbose) -> int:
+    """The segmented TopKSample: every segment's values, indices and zeroed
+    entries bit for bit those of the single-tensor launchers on the segment
+    alone (and its indices numpy's); entries outside every segment left
+    alone; under the emulation, the host traffic of
+    expected_segment_traffic."""
+    failures = 0
+    rng = np.random.default_rng(6)
+    scale = 64 if h.emulated else 1
+    case = 0
+    for name, x32, table, dtypes in segment_inputs(sizes, rng, scale):
+        for dtype in dtypes:
+            x = to_dtype(x32, dtype)
+            keys_of = as_float32(x, dtype)
+            for mode in MODES:
+                where = setup(case)
+                zero = case % 2 == 0
+                flush = h.can_flush and case % 4 >= 2
+                case += 1
+                v, i, got_sizes, z = h.top_k_sample_segments(
+                    x, dtype, table, mode, zero, flush
+                )
+                traffic = ""
+                ok = True
+                if h.emulated:
+                    traffic = f" host traffic {h.top_k_traffic}"
+                    ok = h.top_k_traffic == expected_segment_traffic(
+                        mode, table
+                    )
+                wants = np_select_segments(keys_of, table, mode)
+                z_want = x.copy()
+                bad = []
+                start = 0
+                for s, (off, n, k, seed) in enumerate(table):
+                    size = int(got_sizes[s])
+                    part = slice(start, start + size)
+                    seg_v, seg_i = v[part], i[part]
+                    start += size
+                    one_v, one_i, one_z = h.top_k_sample(
+                        x[off : off + n], dtype, int(k), mode, int(seed),
+                        zero, flush,
+                    )  # fmt: skip
+                    seg_ok = (
+                        same_bits(seg_v, one_v)
+                        and np.array_equal(seg_i, one_i)
+                        and np.array_equal(seg_i, wants[s])
+                    )
+                    if zero:
+                        z_want[off : off + n] = one_z
+                    if not seg_ok:
+                        bad.append(s)
+                ok = ok and not bad
+                if zero:
+                    ok = ok and same_bits(z, z_want)
+                failures += report(
+                    ok,
+                    verbose,
+                    f"top_k_sample_segments {name} {mode} {dtype} {zero=} "
+                    f"flush_denormals={flush}{traffic} bad segments "
+                    f"{bad[:10]}{where}",
+                )
+    # Invalid tables: the launchers refuse them (cudaErrorInvalidValue)
+    # before touching the device.
+    x = np.ones(8, np.float32)
+    for what, row in (
+        ("k > n", (0, 4, 5, 0)),
+        ("k < 0", (0, 4, -1, 0)),
+        ("offset < 0", (-1, 4, 1, 0)),
+        ("n >= 2^31", (0, 2**31, 1, 0)),
+    ):
+        setup(case)
+        case += 1
+        table = np.array([(4, 4, 2, 0), row], np.int64)
+        h.top_k_sample_segments(x, "float32", table, "mstopk", False,
+                                False, allow_error=True)  # fmt: skip
+        ok = h.segments_error == 1  # cudaErrorInvalidValue
+        if h.emulated:
+            ok = ok and h.top_k_traffic == (0, 0, 0)
+        failures += report(
+            ok,
+            verbose,
+            f"top_k_sample_segments invalid table {what}: error "
+            f"{h.segments_error}",
+        )
     return failures
 
 
@@ -982,24 +1244,36 @@ def check_conversions(h: Harness) -> int:
     return failures
 
 
+CHECKS = {
+    "top_k_sample": check_top_k_sample,
+    "top_k_segments": check_top_k_segments,
+    "add_residual": check_add_residual,
+    "bits": check_bits,
+    "scatter_add_sum": check_scatter_add_sum,
+    "golomb": check_golomb,
+}
+
+
 def check_correctness(
     h: Harness,
     sizes=GPU_SIZES,
     setup: Callable[[int], str] = lambda case: "",
     verbose: bool = False,
+    checks: list[str] | None = None,
 ) -> int:
-    """Runs every check; `setup(case)` may reconfigure the emulated device
-    before a case and returns a note for the messages."""
-    failures = check_top_k_sample(h, sizes, setup, verbose)
-    failures += check_add_residual(h, sizes, setup, verbose)
-    failures += check_bits(h, sizes, setup, verbose)
-    failures += check_scatter_add_sum(h, sizes, setup, verbose)
-    failures += check_golomb(h, sizes, setup, verbose)
+    """Runs the `checks` (names of CHECKS; all by default); `setup(case)`
+    may reconfigure the emulated device before a case and returns a note
+    for the messages."""
+    failures = 0
+    for name in checks or CHECKS:
+        failures += CHECKS[name](h, sizes, setup, verbose)
     print(f"correctness: {failures} failures")
     return failures
 
 
-def check_emulation(h: Harness, sizes, verbose: bool = False) -> int:
+def check_emulation(
+    h: Harness, sizes, verbose: bool = False, checks: list[str] | None = None
+) -> int:
     """check_correctness with the cases spread over EMULATED_DEVICES."""
 
     def setup(case: int) -> str:
@@ -1010,7 +1284,7 @@ def check_emulation(h: Harness, sizes, verbose: bool = False) -> int:
         return f" [emulated {sms=} max_grid={grid} {schedule} {seed=}]"
 
     failures = check_conversions(h)
-    return failures + check_correctness(h, sizes, setup, verbose)
+    return failures + check_correctness(h, sizes, setup, verbose, checks)
 
 
 def benchmark(h: Harness, sizes: list[int], iters: int) -> None:
@@ -1073,6 +1347,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check-sizes", help="sizes of the correctness checks (n,n,...)"
     )
+    parser.add_argument(
+        "--checks",
+        help=f"correctness checks to run (comma-separated; default all: "
+        f"{','.join(CHECKS)})",
+    )
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
@@ -1090,12 +1369,16 @@ def main(argv: list[str] | None = None) -> int:
         sizes = parse_sizes(args.check_sizes)
     else:
         sizes = EMULATION_SIZES if h.emulated else GPU_SIZES
+    checks = args.checks.split(",") if args.checks else None
+    unknown = sorted(set(checks or ()) - set(CHECKS))
+    if unknown:
+        parser.error(f"unknown checks {unknown}; valid: {','.join(CHECKS)}")
     if h.emulated:
-        return 1 if check_emulation(h, sizes, args.verbose) else 0
+        return 1 if check_emulation(h, sizes, args.verbose, checks) else 0
     if h.devices() == 0:
         print("no CUDA device is visible; built only")
         return 2
-    failures = check_correctness(h, sizes, verbose=args.verbose)
+    failures = check_correctness(h, sizes, verbose=args.verbose, checks=checks)
     benchmark(h, parse_sizes(args.sizes), args.iters)
     return 1 if failures else 0
 

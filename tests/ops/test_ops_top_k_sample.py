@@ -533,7 +533,7 @@ def sampled_runs(n):
 
 def hostile(name, n):
     """Data that sends the CPU kernel's compaction through each of its
-    retries (see PlanCpu), and heavy tails."""
+    retries (see PlanSelection in top_k_sample_cpu.cc), and heavy tails."""
     rng = np.random.default_rng(17)
     x = rng.standard_normal(n).astype(np.float32)
     if name == "outlier":  # the bisection grid is coarse: lo far below

@@ -1,12 +1,15 @@
 // Copyright 2026 The tfgc Authors.
 //
-// CPU kernels of the bit-packing ops (and their CUDA glue when built with
-// GOOGLE_CUDA). Work is split over words on the intra-op thread pool.
+// CPU kernels of the bit-packing ops and their CUDA glue under GOOGLE_CUDA.
+// One op kernel per op, templated on the device, validates the inputs and
+// allocates the outputs; functor::XxxFunctor<Device, ...> computes them. On
+// the CPU the work is split over words on the intra-op thread pool.
 
 #define EIGEN_USE_THREADS
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -14,7 +17,6 @@
 #include "custom_ops/cc/kernels/kernel_utils.h"
 #include "custom_ops/cc/kernels/parallel.h"
 #include "custom_ops/cc/kernels/simd.h"
-
 
 namespace tfgc {
 namespace {
@@ -43,173 +45,113 @@ struct ByteLaneTable {
 
 const ByteLaneTable kByteLanes;
 
-class PackBitsOp : public OpKernel {
- public:
-  explicit PackBitsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& mask = ctx->input(0);
-    const int64_t n = mask.NumElements();
-    const int64_t words = NumWords(n);
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({words}), &out));
-    const uint8_t* bits =
-        reinterpret_cast<const uint8_t*>(mask.flat<bool>().data());
-    uint32_t* w = reinterpret_cast<uint32_t*>(out->flat<int32_t>().data());
-    Blocks blocks(words, NumThreads(ctx), kMinWordBlock);
-    ForEachBlock(ctx, blocks, [&](int64_t b) {
-      int64_t j = blocks.begin(b);
-      const int64_t end = blocks.end(b);
 #if TFGC_HAVE_AVX2_PATH
-      if (UseAvx2()) j = PackFullWordsAvx2(bits, j, std::min(end, n / 32), w);
-#endif
-      for (; j < end; ++j) {
-        const int64_t first = j * kBitsPerWord;
-        const int count =
-            static_cast<int>(std::min<int64_t>(kBitsPerWord, n - first));
-        w[j] = PackWord(bits + first, count);
-      }
-    });
+// Packs the full words [begin, end): a byte's low bit shifted to its top
+// bit, then one movemask per 32 bytes. Returns the first word not packed.
+TFGC_AVX2 int64_t PackFullWordsAvx2(const uint8_t* bits, int64_t begin,
+                                    int64_t end, uint32_t* w) {
+  int64_t j = begin;
+  for (; j < end; ++j) {
+    const __m256i v = _mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(bits + j * kBitsPerWord));
+    w[j] = static_cast<uint32_t>(
+        _mm256_movemask_epi8(_mm256_slli_epi16(v, 7)));
   }
+  return j;
+}
+#endif
 
- private:
-#if TFGC_HAVE_AVX2_PATH
-  // Packs the full words [begin, end): a byte's low bit shifted to its top
-  // bit, then one movemask per 32 bytes. Returns the first word not packed.
-  TFGC_AVX2 static int64_t PackFullWordsAvx2(const uint8_t* bits,
-                                             int64_t begin, int64_t end,
-                                             uint32_t* w) {
-    int64_t j = begin;
-    for (; j < end; ++j) {
-      const __m256i v = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(bits + j * kBitsPerWord));
-      w[j] = static_cast<uint32_t>(
-          _mm256_movemask_epi8(_mm256_slli_epi16(v, 7)));
-    }
-    return j;
-  }
-#endif
+}  // namespace
+
+namespace functor {
+
+// Packs mask[n] into words[ceil(n / 32)].
+template <typename Device>
+struct PackBitsFunctor {
+  absl::Status operator()(OpKernelContext* ctx, const bool* mask, int64_t n,
+                          int32_t* words);
 };
 
-absl::Status CheckWordsDim(int64_t got, int64_t n) {
-  if (got != NumWords(n)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "`words` must have ceil(n / 32) = ", NumWords(n),
-        " entries in its last axis for n=", n, ". Received: ", got));
-  }
+// Unpacks words[rows, w] into mask[rows, n], w = ceil(n / 32).
+template <typename Device>
+struct UnpackBitsFunctor {
+  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
+                          int64_t rows, int64_t w, int64_t n, bool* mask);
+};
+
+// UnpackBitsSum (kVote false): out[i] = sum over rows r of scales[r] times
+// +1 or -1 as bit i of row r is set or not. UnpackBitsVote (kVote true,
+// `scales` null): out[i] = +1 when at least half the rows set bit i, else
+// -1. `words` is [p, ceil(n / 32)], `out` [n], n > 0.
+template <typename Device, typename T, bool kVote>
+struct UnpackBitsReduceFunctor {
+  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
+                          const T* scales, int64_t p, int64_t n, T* out);
+};
+
+// ---------------------------------------------------------------------------
+// CPU functors.
+// ---------------------------------------------------------------------------
+
+template <>
+absl::Status PackBitsFunctor<CPUDevice>::operator()(OpKernelContext* ctx,
+                                                    const bool* mask,
+                                                    int64_t n,
+                                                    int32_t* words) {
+  const uint8_t* bits = reinterpret_cast<const uint8_t*>(mask);
+  uint32_t* w = reinterpret_cast<uint32_t*>(words);
+  Blocks blocks(NumWords(n), NumThreads(ctx), kMinWordBlock);
+  ForEachBlock(ctx, blocks, [&](int64_t b) {
+    int64_t j = blocks.begin(b);
+    const int64_t end = blocks.end(b);
+#if TFGC_HAVE_AVX2_PATH
+    if (UseAvx2()) j = PackFullWordsAvx2(bits, j, std::min(end, n / 32), w);
+#endif
+    for (; j < end; ++j) {
+      const int64_t first = j * kBitsPerWord;
+      const int count =
+          static_cast<int>(std::min<int64_t>(kBitsPerWord, n - first));
+      w[j] = PackWord(bits + first, count);
+    }
+  });
   return absl::OkStatus();
 }
 
-// A kernel of an op with the attribute `n` (bits per row), which must be
-// non-negative.
-class OpKernelWithN : public OpKernel {
- public:
-  explicit OpKernelWithN(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("n", &n_));
-    OP_REQUIRES(ctx, n_ >= 0,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`n` must be non-negative. Received: n=", n_)));
-  }
-
- protected:
-  int64_t n_;
-};
-
-// Validates words [..., ceil(n / 32)] and allocates output 0, the mask
-// [..., n].
-absl::Status AllocateUnpacked(OpKernelContext* ctx, const Tensor& words,
-                              int64_t n, Tensor** out) {
-  if (words.dims() < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("`words` must have rank >= 1. Received: shape=",
-                     words.shape().DebugString()));
-  }
-  TF_RETURN_IF_ERROR(CheckWordsDim(words.dim_size(words.dims() - 1), n));
-  TensorShape out_shape = words.shape();
-  out_shape.set_dim(words.dims() - 1, n);
-  return ctx->allocate_output(0, out_shape, out);
-}
-
-class UnpackBitsOp : public OpKernelWithN {
- public:
-  using OpKernelWithN::OpKernelWithN;
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& words = ctx->input(0);
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateUnpacked(ctx, words, n_, &out));
-    const int64_t w = words.dim_size(words.dims() - 1);
-    if (out->NumElements() == 0) return;
-    const uint32_t* in =
-        reinterpret_cast<const uint32_t*>(words.flat<int32_t>().data());
-    bool* mask = out->flat<bool>().data();
-    const int64_t total = words.NumElements();
-    const int64_t n = n_;
-    Blocks blocks(total, NumThreads(ctx), kMinWordBlock);
-    ForEachBlock(ctx, blocks, [&](int64_t b) {
-      const int64_t end = blocks.end(b);
-      for (int64_t g = blocks.begin(b); g < end; ++g) {
-        const int64_t row = g / w;
-        const int64_t j = g - row * w;
-        const int64_t first = j * kBitsPerWord;
-        const int count =
-            static_cast<int>(std::min<int64_t>(kBitsPerWord, n - first));
-        const uint32_t word = in[g];
-        bool* dst = mask + row * n + first;
-        for (int i = 0; i < count; ++i) dst[i] = (word >> i) & 1u;
-      }
-    });
-  }
-};
-
-// Validates words [p, ceil(n / 32)] (and scales [p]) and allocates output 0,
-// the result [n].
-absl::Status AllocateReduced(OpKernelContext* ctx, const Tensor& words,
-                             const Tensor* scales, int64_t n, Tensor** out) {
-  if (!TensorShapeUtils::IsMatrix(words.shape())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("`words` must be a matrix [p, ceil(n / 32)]. Received: "
-                     "shape=",
-                     words.shape().DebugString()));
-  }
-  TF_RETURN_IF_ERROR(CheckWordsDim(words.dim_size(1), n));
-  if (scales != nullptr) {
-    if (!TensorShapeUtils::IsVector(scales->shape()) ||
-        scales->dim_size(0) != words.dim_size(0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "`scales` must be a vector with one entry per row of `words`. "
-          "Received: scales.shape=",
-          scales->shape().DebugString(),
-          ", words.shape=", words.shape().DebugString()));
+template <>
+absl::Status UnpackBitsFunctor<CPUDevice>::operator()(OpKernelContext* ctx,
+                                                      const int32_t* words,
+                                                      int64_t rows, int64_t w,
+                                                      int64_t n, bool* mask) {
+  const uint32_t* in = reinterpret_cast<const uint32_t*>(words);
+  Blocks blocks(rows * w, NumThreads(ctx), kMinWordBlock);
+  ForEachBlock(ctx, blocks, [&](int64_t b) {
+    const int64_t end = blocks.end(b);
+    for (int64_t g = blocks.begin(b); g < end; ++g) {
+      const int64_t row = g / w;
+      const int64_t j = g - row * w;
+      const int64_t first = j * kBitsPerWord;
+      const int count =
+          static_cast<int>(std::min<int64_t>(kBitsPerWord, n - first));
+      const uint32_t word = in[g];
+      bool* dst = mask + row * n + first;
+      for (int i = 0; i < count; ++i) dst[i] = (word >> i) & 1u;
     }
-  }
-  return ctx->allocate_output(0, TensorShape({n}), out);
+  });
+  return absl::OkStatus();
 }
 
 template <typename T, bool kVote>
-class UnpackBitsReduceOp : public OpKernelWithN {
- public:
-  using OpKernelWithN::OpKernelWithN;
-
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& words = ctx->input(0);
-    const Tensor* scales = kVote ? nullptr : &ctx->input(1);
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateReduced(ctx, words, scales, n_, &out));
-    if (n_ == 0) return;
-    const int64_t p = words.dim_size(0);
-    const int64_t w = words.dim_size(1);
-    const uint32_t* in =
-        reinterpret_cast<const uint32_t*>(words.flat<int32_t>().data());
+struct UnpackBitsReduceFunctor<CPUDevice, T, kVote> {
+  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
+                          const T* scales, int64_t p, int64_t n, T* dst) {
+    const int64_t w = NumWords(n);
+    const uint32_t* in = reinterpret_cast<const uint32_t*>(words);
     std::vector<float> s(p);
     if (!kVote) {
-      const T* sp = scales->flat<T>().data();
-      for (int64_t i = 0; i < p; ++i) s[i] = static_cast<float>(sp[i]);
+      for (int64_t i = 0; i < p; ++i) s[i] = static_cast<float>(scales[i]);
     }
-    T* dst = out->flat<T>().data();
-    const int64_t n = n_;
-    Blocks blocks(w, NumThreads(ctx), std::max<int64_t>(1, kMinWordBlock / 
-                                                               (p + 1)));
+    Blocks blocks(w, NumThreads(ctx),
+                  std::max<int64_t>(1, kMinWordBlock / (p + 1)));
     ForEachBlock(ctx, blocks, [&](int64_t b) {
       float acc[kBitsPerWord];
       int32_t votes[kBitsPerWord];
@@ -243,20 +185,188 @@ class UnpackBitsReduceOp : public OpKernelWithN {
         }
       }
     });
+    return absl::OkStatus();
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("Tfgc>PackBits").Device(DEVICE_CPU), PackBitsOp);
-REGISTER_KERNEL_BUILDER(Name("Tfgc>UnpackBits").Device(DEVICE_CPU),
-                        UnpackBitsOp);
+#if GOOGLE_CUDA
+// ---------------------------------------------------------------------------
+// GPU functors over the launchers of bits_kernels.cu.cc. Unlike TensorFlow's
+// *_gpu.cu.cc functors they live here, in the TensorFlow glue: the .cu.cc
+// files are compiled without TensorFlow headers (custom_ops/cuda_harness
+// builds them alone), so they export plain launchers that these call.
+// ---------------------------------------------------------------------------
 
-#define REGISTER_CPU(T)                                                    \
-  REGISTER_KERNEL_BUILDER(                                                 \
+template <>
+absl::Status PackBitsFunctor<GPUDevice>::operator()(OpKernelContext* ctx,
+                                                    const bool* mask,
+                                                    int64_t n,
+                                                    int32_t* words) {
+  return CudaStatus(gpu::PackBits(mask, n, words, StreamOf(ctx)),
+                    "PackBits");
+}
+
+template <>
+absl::Status UnpackBitsFunctor<GPUDevice>::operator()(OpKernelContext* ctx,
+                                                      const int32_t* words,
+                                                      int64_t rows,
+                                                      int64_t /*w*/,
+                                                      int64_t n, bool* mask) {
+  return CudaStatus(gpu::UnpackBits(words, rows, n, mask, StreamOf(ctx)),
+                    "UnpackBits");
+}
+
+template <typename T, bool kVote>
+struct UnpackBitsReduceFunctor<GPUDevice, T, kVote> {
+  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
+                          const T* scales, int64_t p, int64_t n, T* out) {
+    if (kVote) {
+      return CudaStatus(gpu::UnpackBitsVote(GpuDType<T>(), words, p, n, out,
+                                            StreamOf(ctx)),
+                        "UnpackBitsVote");
+    }
+    return CudaStatus(gpu::UnpackBitsSum(GpuDType<T>(), words, scales, p, n,
+                                         out, StreamOf(ctx)),
+                      "UnpackBitsSum");
+  }
+};
+#endif  // GOOGLE_CUDA
+
+}  // namespace functor
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Op kernels: validation and outputs, for every device.
+// ---------------------------------------------------------------------------
+
+template <typename Device>
+class PackBitsOp : public OpKernel {
+ public:
+  explicit PackBitsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& mask = ctx->input(0);
+    const int64_t n = mask.NumElements();
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(0, TensorShape({NumWords(n)}), &out));
+    OP_REQUIRES_OK(ctx, functor::PackBitsFunctor<Device>()(
+                            ctx, mask.flat<bool>().data(), n,
+                            out->flat<int32_t>().data()));
+  }
+};
+
+absl::Status CheckWordsDim(int64_t got, int64_t n) {
+  if (got != NumWords(n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`words` must have ceil(n / 32) = ", NumWords(n),
+        " entries in its last axis for n=", n, ". Received: ", got));
+  }
+  return absl::OkStatus();
+}
+
+// A kernel of an op with the attribute `n` (bits per row), which must be
+// non-negative.
+class OpKernelWithN : public OpKernel {
+ public:
+  explicit OpKernelWithN(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("n", &n_));
+    OP_REQUIRES_OK(ctx, CheckNonNegative(n_, "n"));
+  }
+
+ protected:
+  int64_t n_;
+};
+
+// Validates words [..., ceil(n / 32)] and allocates output 0, the mask
+// [..., n].
+absl::Status AllocateUnpacked(OpKernelContext* ctx, const Tensor& words,
+                              int64_t n, Tensor** out) {
+  if (words.dims() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`words` must have rank >= 1. Received: shape=",
+                     words.shape().DebugString()));
+  }
+  TF_RETURN_IF_ERROR(CheckWordsDim(words.dim_size(words.dims() - 1), n));
+  TensorShape out_shape = words.shape();
+  out_shape.set_dim(words.dims() - 1, n);
+  return ctx->allocate_output(0, out_shape, out);
+}
+
+template <typename Device>
+class UnpackBitsOp : public OpKernelWithN {
+ public:
+  using OpKernelWithN::OpKernelWithN;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& words = ctx->input(0);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, AllocateUnpacked(ctx, words, n_, &out));
+    if (out->NumElements() == 0) return;
+    const int64_t w = words.dim_size(words.dims() - 1);
+    OP_REQUIRES_OK(ctx, functor::UnpackBitsFunctor<Device>()(
+                            ctx, words.flat<int32_t>().data(),
+                            words.NumElements() / w, w, n_,
+                            out->flat<bool>().data()));
+  }
+};
+
+// Validates words [p, ceil(n / 32)] (and scales [p]) and allocates output 0,
+// the result [n].
+absl::Status AllocateReduced(OpKernelContext* ctx, const Tensor& words,
+                             const Tensor* scales, int64_t n, Tensor** out) {
+  if (!TensorShapeUtils::IsMatrix(words.shape())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`words` must be a matrix [p, ceil(n / 32)]. Received: "
+                     "shape=",
+                     words.shape().DebugString()));
+  }
+  TF_RETURN_IF_ERROR(CheckWordsDim(words.dim_size(1), n));
+  if (scales != nullptr) {
+    if (!TensorShapeUtils::IsVector(scales->shape()) ||
+        scales->dim_size(0) != words.dim_size(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "`scales` must be a vector with one entry per row of `words`. "
+          "Received: scales.shape=",
+          scales->shape().DebugString(),
+          ", words.shape=", words.shape().DebugString()));
+    }
+  }
+  return ctx->allocate_output(0, TensorShape({n}), out);
+}
+
+template <typename Device, typename T, bool kVote>
+class UnpackBitsReduceOp : public OpKernelWithN {
+ public:
+  using OpKernelWithN::OpKernelWithN;
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& words = ctx->input(0);
+    const Tensor* scales = kVote ? nullptr : &ctx->input(1);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, AllocateReduced(ctx, words, scales, n_, &out));
+    if (n_ == 0) return;
+    OP_REQUIRES_OK(ctx,
+                   (functor::UnpackBitsReduceFunctor<Device, T, kVote>()(
+                       ctx, words.flat<int32_t>().data(),
+                       kVote ? nullptr : scales->flat<T>().data(),
+                       words.dim_size(0), n_, out->flat<T>().data())));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("Tfgc>PackBits").Device(DEVICE_CPU),
+                        PackBitsOp<CPUDevice>);
+REGISTER_KERNEL_BUILDER(Name("Tfgc>UnpackBits").Device(DEVICE_CPU),
+                        UnpackBitsOp<CPUDevice>);
+
+#define REGISTER_CPU(T)                                                     \
+  REGISTER_KERNEL_BUILDER(                                                  \
       Name("Tfgc>UnpackBitsSum").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
-      UnpackBitsReduceOp<T, false>);                                       \
-  REGISTER_KERNEL_BUILDER(                                                 \
+      UnpackBitsReduceOp<CPUDevice, T, false>);                             \
+  REGISTER_KERNEL_BUILDER(                                                  \
       Name("Tfgc>UnpackBitsVote").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
-      UnpackBitsReduceOp<T, true>);
+      UnpackBitsReduceOp<CPUDevice, T, true>);
 
 REGISTER_CPU(float)
 REGISTER_CPU(Eigen::half)
@@ -265,79 +375,21 @@ REGISTER_CPU(Eigen::bfloat16)
 #undef REGISTER_CPU
 
 #if GOOGLE_CUDA
-// ---------------------------------------------------------------------------
-// GPU glue over the launchers of bits_kernels.cu.cc.
-// ---------------------------------------------------------------------------
-
-class PackBitsGpuOp : public OpKernel {
- public:
-  explicit PackBitsGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& mask = ctx->input(0);
-    const int64_t n = mask.NumElements();
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(0, TensorShape({NumWords(n)}), &out));
-    OP_REQUIRES_OK(ctx, CudaStatus(gpu::PackBits(mask.flat<bool>().data(), n,
-                                                 out->flat<int32_t>().data(),
-                                                 StreamOf(ctx)),
-                                   "PackBits"));
-  }
-};
-
-class UnpackBitsGpuOp : public OpKernelWithN {
- public:
-  using OpKernelWithN::OpKernelWithN;
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& words = ctx->input(0);
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateUnpacked(ctx, words, n_, &out));
-    const int64_t w = words.dim_size(words.dims() - 1);
-    const int64_t rows = w == 0 ? 0 : words.NumElements() / w;
-    OP_REQUIRES_OK(ctx, CudaStatus(gpu::UnpackBits(
-                                       words.flat<int32_t>().data(), rows, n_,
-                                       out->flat<bool>().data(), StreamOf(ctx)),
-                                   "UnpackBits"));
-  }
-};
-
-template <typename T, bool kVote>
-class UnpackBitsReduceGpuOp : public OpKernelWithN {
- public:
-  using OpKernelWithN::OpKernelWithN;
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& words = ctx->input(0);
-    const Tensor* scales = kVote ? nullptr : &ctx->input(1);
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, AllocateReduced(ctx, words, scales, n_, &out));
-    const int64_t p = words.dim_size(0);
-    const int err =
-        kVote ? gpu::UnpackBitsVote(GpuDType<T>(),
-                                    words.flat<int32_t>().data(), p, n_,
-                                    out->flat<T>().data(), StreamOf(ctx))
-              : gpu::UnpackBitsSum(GpuDType<T>(),
-                                   words.flat<int32_t>().data(),
-                                   scales->flat<T>().data(), p, n_,
-                                   out->flat<T>().data(), StreamOf(ctx));
-    OP_REQUIRES_OK(ctx, CudaStatus(err, kVote ? "UnpackBitsVote"
-                                              : "UnpackBitsSum"));
-  }
-};
-
+REGISTER_KERNEL_BUILDER(Name("Tfgc>PackBits").Device(tensorflow::DEVICE_GPU),
+                        PackBitsOp<GPUDevice>);
 REGISTER_KERNEL_BUILDER(
-    Name("Tfgc>PackBits").Device(tensorflow::DEVICE_GPU), PackBitsGpuOp);
-REGISTER_KERNEL_BUILDER(
-    Name("Tfgc>UnpackBits").Device(tensorflow::DEVICE_GPU), UnpackBitsGpuOp);
+    Name("Tfgc>UnpackBits").Device(tensorflow::DEVICE_GPU),
+    UnpackBitsOp<GPUDevice>);
 
-#define REGISTER_GPU(T)                                           \
-  REGISTER_KERNEL_BUILDER(Name("Tfgc>UnpackBitsSum")              \
-                              .Device(tensorflow::DEVICE_GPU)     \
-                              .TypeConstraint<T>("T"),            \
-                          UnpackBitsReduceGpuOp<T, false>);       \
-  REGISTER_KERNEL_BUILDER(Name("Tfgc>UnpackBitsVote")             \
-                              .Device(tensorflow::DEVICE_GPU)     \
-                              .TypeConstraint<T>("T"),            \
-                          UnpackBitsReduceGpuOp<T, true>);
+#define REGISTER_GPU(T)                                                 \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>UnpackBitsSum")                    \
+                              .Device(tensorflow::DEVICE_GPU)           \
+                              .TypeConstraint<T>("T"),                  \
+                          UnpackBitsReduceOp<GPUDevice, T, false>);     \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>UnpackBitsVote")                   \
+                              .Device(tensorflow::DEVICE_GPU)           \
+                              .TypeConstraint<T>("T"),                  \
+                          UnpackBitsReduceOp<GPUDevice, T, true>);
 
 REGISTER_GPU(float)
 REGISTER_GPU(Eigen::half)

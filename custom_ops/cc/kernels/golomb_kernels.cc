@@ -1,9 +1,13 @@
 // Copyright 2026 The tfgc Authors.
 //
-// CPU kernels of Tfgc>GolombEncode and Tfgc>GolombDecode (format in
-// golomb_kernels.h). Encoding validates and sizes the codes of blocks of
-// positions in parallel on the intra-op pool, then writes the blocks in
-// parallel from their prefix-summed bit offsets; decoding is sequential.
+// Op kernels of Tfgc>GolombEncode and Tfgc>GolombDecode (format in
+// golomb_kernels.h), templated on the device: they validate the inputs,
+// allocate the outputs and turn what functor::GolombEncodeFunctor and
+// functor::GolombDecodeFunctor find wrong in the data into errors. On the
+// CPU, encoding validates and sizes the codes of blocks of positions in
+// parallel on the intra-op pool, then writes the blocks in parallel from
+// their prefix-summed bit offsets; decoding is sequential. Under
+// GOOGLE_CUDA the GPU functors call the launchers of golomb_kernels.cu.cc.
 
 #define EIGEN_USE_THREADS
 
@@ -20,7 +24,6 @@
 #include "custom_ops/cc/kernels/kernel_utils.h"
 #include "custom_ops/cc/kernels/parallel.h"
 
-
 namespace tfgc {
 namespace {
 
@@ -33,14 +36,242 @@ constexpr int64_t kMaxEncodedBits = int64_t{1} << 35;
 constexpr int64_t kInt32Limit =
     static_cast<int64_t>(std::numeric_limits<int32_t>::max()) + 1;
 
-absl::Status CheckScalar(const Tensor& t, const char* name) {
-  if (!TensorShapeUtils::IsScalar(t.shape())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("`", name, "` must be a scalar. Received: shape=",
-                     t.shape().DebugString()));
+}  // namespace
+
+namespace functor {
+
+// The first invalid entry of GolombEncode's `indices`: indices[position] =
+// value, outside [0, n) or not above indices[position - 1] = prev (-1 for
+// position 0); position -1 when every entry is valid.
+struct EncodeFault {
+  int64_t position = -1;
+  int64_t value = 0;
+  int64_t prev = 0;
+};
+
+// GolombEncode in two steps, so that the kernel can allocate the stream in
+// between: Size checks the k positions (strictly increasing, in [0, n)) and
+// sums the bits of their codes with parameter 2^b, keeping in the functor
+// object what Write needs besides its arguments (the CPU's block offsets,
+// the GPU's scratch); Write writes the stream of num_bits > 0 bits.
+template <typename Device, typename T>
+class GolombEncodeFunctor;
+
+// What GolombDecode found wrong (gpu::GolombDecodeError): `error` at code j;
+// `value` is position j, or its lower bound for kDecodeQuotientTooLarge.
+struct DecodeFault {
+  int64_t error = gpu::kDecodeOk;
+  int64_t j = 0;
+  int64_t value = 0;
+};
+
+// GolombDecode: decodes k > 0 positions, all below `limit`, from
+// encoded[num_bytes] into out[k], until the first fault.
+template <typename Device>
+struct GolombDecodeFunctor {
+  absl::Status operator()(OpKernelContext* ctx, const uint8_t* encoded,
+                          int64_t num_bytes, int64_t k, int b, int64_t limit,
+                          int32_t* out, DecodeFault* fault);
+};
+
+// ---------------------------------------------------------------------------
+// CPU functors.
+// ---------------------------------------------------------------------------
+
+template <typename T>
+class GolombEncodeFunctor<CPUDevice, T> {
+ public:
+  absl::Status Size(OpKernelContext* ctx, const T* idx, int64_t k, int64_t n,
+                    int b, uint64_t* num_bits, EncodeFault* fault) {
+    blocks_ = Blocks(k, NumThreads(ctx), kMinEncodeBlock);
+    const int64_t num_blocks = blocks_.count();
+    std::vector<uint64_t> block_bits(num_blocks, 0);
+    std::vector<int64_t> first_bad(num_blocks, -1);
+    ForEachBlock(ctx, blocks_, [&](int64_t blk) {
+      uint64_t bits = 0;
+      const int64_t end = blocks_.end(blk);
+      for (int64_t j = blocks_.begin(blk); j < end; ++j) {
+        const int64_t prev = j == 0 ? -1 : static_cast<int64_t>(idx[j - 1]);
+        const int64_t cur = static_cast<int64_t>(idx[j]);
+        if (cur <= prev || cur >= n) {
+          first_bad[blk] = j;
+          return;
+        }
+        bits += golomb::CodeBits(static_cast<uint64_t>(cur - prev - 1), b);
+      }
+      block_bits[blk] = bits;
+    });
+    for (int64_t blk = 0; blk < num_blocks; ++blk) {
+      const int64_t j = first_bad[blk];
+      if (j >= 0) {
+        fault->position = j;
+        fault->value = static_cast<int64_t>(idx[j]);
+        fault->prev = j == 0 ? -1 : static_cast<int64_t>(idx[j - 1]);
+        return absl::OkStatus();
+      }
+    }
+    // The gaps of valid positions sum to less than n, so no sum wraps.
+    offsets_.assign(num_blocks + 1, 0);
+    uint64_t total = 0;
+    for (int64_t blk = 0; blk < num_blocks; ++blk) {
+      total += block_bits[blk];
+      offsets_[blk + 1] = static_cast<int64_t>(total);
+    }
+    *num_bits = total;
+    return absl::OkStatus();
+  }
+
+  // Every block writes its own bytes; the byte a block shares with the one
+  // before goes to heads[blk] and is OR-ed in afterwards.
+  absl::Status Write(OpKernelContext* ctx, const T* idx, int64_t /*k*/,
+                     int b, int64_t num_bits, uint8_t* out) {
+    const int64_t num_blocks = blocks_.count();
+    const int64_t num_bytes = (num_bits + 7) / 8;
+    if (num_blocks > 1) std::memset(out, 0, num_bytes);
+    std::vector<uint8_t> heads(num_blocks, 0);
+    ForEachBlock(ctx, blocks_, [&](int64_t blk) {
+      const int64_t offset = offsets_[blk];
+      const int64_t shared = (blk > 0 && (offset & 7) != 0) ? offset >> 3 : -1;
+      golomb::BitWriter writer(out, offset, shared, &heads[blk]);
+      const int64_t end = blocks_.end(blk);
+      for (int64_t j = blocks_.begin(blk); j < end; ++j) {
+        const int64_t prev = j == 0 ? -1 : static_cast<int64_t>(idx[j - 1]);
+        const int64_t cur = static_cast<int64_t>(idx[j]);
+        writer.PutCode(static_cast<uint64_t>(cur - prev - 1), b);
+      }
+      writer.Flush();
+    });
+    for (int64_t blk = 1; blk < num_blocks; ++blk) {
+      if ((offsets_[blk] & 7) != 0) out[offsets_[blk] >> 3] |= heads[blk];
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  Blocks blocks_{0, 1};
+  std::vector<int64_t> offsets_;  // the blocks' first bits, then the total
+};
+
+template <>
+absl::Status GolombDecodeFunctor<CPUDevice>::operator()(
+    OpKernelContext* /*ctx*/, const uint8_t* encoded, int64_t num_bytes,
+    int64_t k, int b, int64_t limit, int32_t* out, DecodeFault* fault) {
+  golomb::BitReader reader(encoded, num_bytes);
+  const int64_t num_bits = reader.num_bits();
+  const uint64_t r_mask = (uint64_t{1} << b) - 1;
+  const uint64_t max_q = static_cast<uint64_t>(limit) >> b;
+  int64_t prev = -1;
+  for (int64_t j = 0; j < k; ++j) {
+    uint64_t q = 0;
+    uint64_t r = 0;
+    uint64_t w = reader.Peek();
+    int ones = golomb::LeadingOnes(w);
+    if (ones + 1 + b <= 63) {
+      // The whole code is in the window.
+      q = ones;
+      r = (w >> (63 - ones - b)) & r_mask;
+      reader.Skip(ones + 1 + b);
+    } else {
+      while (ones == 64 && reader.pos() < num_bits) {
+        q += 64;
+        reader.Skip(64);
+        w = reader.Peek();
+        ones = golomb::LeadingOnes(w);
+      }
+      q += ones;
+      reader.Skip(ones + 1);
+      if (b > 0) r = reader.Peek() >> (64 - b);
+      reader.Skip(b);
+    }
+    if (reader.pos() > num_bits) {
+      *fault = {gpu::kDecodeTruncated, j, 0};
+      return absl::OkStatus();
+    }
+    if (q > max_q) {
+      *fault = {gpu::kDecodeQuotientTooLarge, j,
+                prev + 1 + static_cast<int64_t>((max_q + 1) << b)};
+      return absl::OkStatus();
+    }
+    const int64_t pos = prev + 1 + static_cast<int64_t>((q << b) | r);
+    if (pos >= limit) {
+      *fault = {gpu::kDecodePositionTooLarge, j, pos};
+      return absl::OkStatus();
+    }
+    out[j] = static_cast<int32_t>(pos);
+    prev = pos;
   }
   return absl::OkStatus();
 }
+
+#if GOOGLE_CUDA
+// ---------------------------------------------------------------------------
+// GPU functors over the launchers of golomb_kernels.cu.cc. Unlike
+// TensorFlow's *_gpu.cu.cc functors they live here, in the TensorFlow glue:
+// the .cu.cc files are compiled without TensorFlow headers (the standalone
+// custom_ops/cuda_harness builds them too), so they export plain launchers.
+// Both launchers wait for the device's validity flags, so that the kernels
+// fail like the CPU ones, with the same messages; the encoder's size is
+// copied to the host before the kernel allocates the stream.
+// ---------------------------------------------------------------------------
+
+template <typename T>
+class GolombEncodeFunctor<GPUDevice, T> {
+ public:
+  absl::Status Size(OpKernelContext* ctx, const T* idx, int64_t k, int64_t n,
+                    int b, uint64_t* num_bits, EncodeFault* fault) {
+    TF_RETURN_IF_ERROR(
+        AllocateScratch(ctx, gpu::GolombEncodeScratchBytes(k), &scratch_));
+    int64_t bits = 0;
+    TF_RETURN_IF_ERROR(CudaStatus(
+        gpu::GolombEncodeSize(kInt64, idx, k, n, b, Scratch(), StreamOf(ctx),
+                              &bits, &fault->position, &fault->value,
+                              &fault->prev),
+        "EncodeSize"));
+    *num_bits = static_cast<uint64_t>(bits);
+    return absl::OkStatus();
+  }
+
+  absl::Status Write(OpKernelContext* ctx, const T* idx, int64_t k, int b,
+                     int64_t num_bits, uint8_t* out) {
+    Tensor words;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(
+        tensorflow::DT_UINT32, TensorShape({(num_bits + 31) / 32}), &words));
+    return CudaStatus(
+        gpu::GolombEncodeWrite(kInt64, idx, k, b, num_bits, Scratch(),
+                               words.flat<uint32_t>().data(), out,
+                               StreamOf(ctx)),
+        "EncodeWrite");
+  }
+
+ private:
+  static constexpr bool kInt64 = std::is_same<T, int64_t>::value;
+  void* Scratch() { return scratch_.flat<int8_t>().data(); }
+
+  Tensor scratch_;  // the codes' bit offsets, from Size to Write
+};
+
+template <>
+absl::Status GolombDecodeFunctor<GPUDevice>::operator()(
+    OpKernelContext* ctx, const uint8_t* encoded, int64_t num_bytes,
+    int64_t k, int b, int64_t limit, int32_t* out, DecodeFault* fault) {
+  Tensor scratch;
+  TF_RETURN_IF_ERROR(AllocateScratch(
+      ctx, gpu::GolombDecodeScratchBytes(num_bytes, b), &scratch));
+  int64_t error[3] = {0, 0, 0};
+  TF_RETURN_IF_ERROR(CudaStatus(
+      gpu::GolombDecode(encoded, num_bytes, k, b, limit, out,
+                        scratch.flat<int8_t>().data(), StreamOf(ctx), error),
+      "Decode"));
+  fault->error = error[0];
+  fault->j = error[1];
+  fault->value = error[2];
+  return absl::OkStatus();
+}
+#endif  // GOOGLE_CUDA
+
+}  // namespace functor
+
+namespace {
 
 absl::Status CheckB(const Tensor& t, int* b) {
   TF_RETURN_IF_ERROR(CheckScalar(t, "b"));
@@ -53,20 +284,16 @@ absl::Status CheckB(const Tensor& t, int* b) {
   return absl::OkStatus();
 }
 
-// The checks and messages the CPU and the GPU kernels share.
-
 // Why indices[j] = cur is invalid (out of range, or not above
 // indices[j - 1] = prev).
-absl::Status IndexError(int64_t j, int64_t cur, int64_t prev, int64_t n) {
-  if (cur < 0 || cur >= n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("`indices` must be in [0, n). Received: indices[", j,
-                     "]=", cur, " with n=", n));
+absl::Status IndexError(const functor::EncodeFault& f, int64_t n) {
+  if (f.value < 0 || f.value >= n) {
+    return IndexOutOfRange(f.position, f.value, n);
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "`indices` must be strictly increasing (sorted, no duplicates). "
       "Received: indices[",
-      j - 1, "]=", prev, ", indices[", j, "]=", cur));
+      f.position - 1, "]=", f.prev, ", indices[", f.position, "]=", f.value));
 }
 
 // Validates GolombEncode's inputs (indices, n, b) and reads n and b.
@@ -79,10 +306,7 @@ absl::Status ReadEncodeArgs(OpKernelContext* ctx, int64_t* n, int* b) {
   }
   TF_RETURN_IF_ERROR(CheckScalar(ctx->input(1), "n"));
   *n = ctx->input(1).scalar<int64_t>()();
-  if (*n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("`n` must be non-negative. Received: n=", *n));
-  }
+  TF_RETURN_IF_ERROR(CheckNonNegative(*n, "n"));
   return CheckB(ctx->input(2), b);
 }
 
@@ -115,10 +339,7 @@ absl::Status ReadDecodeArgs(OpKernelContext* ctx, DecodeArgs* a) {
   TF_RETURN_IF_ERROR(CheckScalar(ctx->input(1), "k"));
   TF_RETURN_IF_ERROR(CheckScalar(ctx->input(3), "n"));
   a->k = static_cast<int64_t>(ctx->input(1).scalar<Tk>()());
-  if (a->k < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("`k` must be non-negative. Received: k=", a->k));
-  }
+  TF_RETURN_IF_ERROR(CheckNonNegative(a->k, "k"));
   TF_RETURN_IF_ERROR(CheckB(ctx->input(2), &a->b));
   a->n = ctx->input(3).scalar<int64_t>()();
   a->limit = a->n >= 0 ? std::min(a->n, kInt32Limit) : kInt32Limit;
@@ -134,25 +355,29 @@ absl::Status ReadDecodeArgs(OpKernelContext* ctx, DecodeArgs* a) {
   return absl::OkStatus();
 }
 
-absl::Status TruncatedError(const DecodeArgs& a, int64_t j) {
+// The error of what the decoder found wrong.
+absl::Status DecodeError(const DecodeArgs& a, const functor::DecodeFault& f) {
+  if (f.error == gpu::kDecodeTruncated) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`encoded` (", a.num_bits, " bits) ends inside the code of position ",
+        f.j, " of k=", a.k, " with b=", a.b,
+        ": the stream is truncated or was encoded with another k or b"));
+  }
+  // Position j decodes to f.value (at least f.value when only a lower bound
+  // of it is known) outside [0, limit).
+  const bool at_least = f.error == gpu::kDecodeQuotientTooLarge;
   return absl::InvalidArgumentError(absl::StrCat(
-      "`encoded` (", a.num_bits, " bits) ends inside the code of position ",
-      j, " of k=", a.k, " with b=", a.b,
-      ": the stream is truncated or was encoded with another k or b"));
-}
-
-// Position j decodes to `pos` (`at_least` when only a lower bound of it is
-// known) outside [0, limit).
-absl::Status PositionError(const DecodeArgs& a, int64_t j, int64_t pos,
-                           bool at_least) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "Decoded position ", j, " of k=", a.k, " is ",
-      at_least ? "at least " : "", pos, ", outside [0, ", a.limit,
+      "Decoded position ", f.j, " of k=", a.k, " is ",
+      at_least ? "at least " : "", f.value, ", outside [0, ", a.limit,
       ") (n=", a.n, ", int32 positions); wrong b=", a.b,
       " or corrupt stream"));
 }
 
-template <typename T>
+// ---------------------------------------------------------------------------
+// Op kernels: validation and outputs, for every device.
+// ---------------------------------------------------------------------------
+
+template <typename Device, typename T>
 class GolombEncodeOp : public OpKernel {
  public:
   explicit GolombEncodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -164,76 +389,28 @@ class GolombEncodeOp : public OpKernel {
     const Tensor& indices = ctx->input(0);
     const int64_t k = indices.NumElements();
     const T* idx = indices.flat<T>().data();
-
-    // Pass 1: validate and count the bits of each block.
-    const Blocks blocks(k, NumThreads(ctx), kMinEncodeBlock);
-    const int64_t num_blocks = blocks.count();
-    std::vector<uint64_t> block_bits(num_blocks, 0);
-    std::vector<int64_t> first_bad(num_blocks, -1);
-    ForEachBlock(ctx, blocks, [&](int64_t blk) {
-      uint64_t bits = 0;
-      const int64_t end = blocks.end(blk);
-      for (int64_t j = blocks.begin(blk); j < end; ++j) {
-        const int64_t prev = j == 0 ? -1 : static_cast<int64_t>(idx[j - 1]);
-        const int64_t cur = static_cast<int64_t>(idx[j]);
-        if (cur <= prev || cur >= n) {
-          first_bad[blk] = j;
-          return;
-        }
-        bits += golomb::CodeBits(static_cast<uint64_t>(cur - prev - 1), b);
-      }
-      block_bits[blk] = bits;
-    });
-    for (int64_t blk = 0; blk < num_blocks; ++blk) {
-      const int64_t j = first_bad[blk];
-      if (j >= 0) {
-        const int64_t prev = j == 0 ? -1 : static_cast<int64_t>(idx[j - 1]);
-        OP_REQUIRES_OK(ctx, IndexError(j, static_cast<int64_t>(idx[j]), prev,
-                                       n));
-      }
-    }
-    std::vector<int64_t> offsets(num_blocks + 1, 0);
-    for (int64_t blk = 0; blk < num_blocks; ++blk) {
-      const uint64_t next = static_cast<uint64_t>(offsets[blk]) +
-                            block_bits[blk];
-      OP_REQUIRES_OK(ctx, CheckEncodedBits(next, k, n, b));
-      offsets[blk + 1] = static_cast<int64_t>(next);
-    }
-    const int64_t total_bits = offsets[num_blocks];
-    const int64_t num_bytes = (total_bits + 7) / 8;
-
+    functor::GolombEncodeFunctor<Device, T> encode;
+    uint64_t total_bits = 0;
+    functor::EncodeFault fault;
+    OP_REQUIRES_OK(ctx, encode.Size(ctx, idx, k, n, b, &total_bits, &fault));
+    OP_REQUIRES(ctx, fault.position < 0, IndexError(fault, n));
+    OP_REQUIRES_OK(ctx, CheckEncodedBits(total_bits, k, n, b));
+    const auto bits = static_cast<int64_t>(total_bits);
+    const int64_t num_bytes = (bits + 7) / 8;
     Tensor* encoded = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_bytes}),
                                              &encoded));
+    // num_bits is a host-memory output on the GPU too.
     Tensor* num_bits = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &num_bits));
-    num_bits->scalar<int64_t>()() = total_bits;
+    num_bits->scalar<int64_t>()() = bits;
     if (num_bytes == 0) return;
-    uint8_t* out = encoded->flat<uint8_t>().data();
-
-    // Pass 2: every block writes its own bytes; the byte a block shares
-    // with the one before goes to heads[blk] and is OR-ed in afterwards.
-    if (num_blocks > 1) std::memset(out, 0, num_bytes);
-    std::vector<uint8_t> heads(num_blocks, 0);
-    ForEachBlock(ctx, blocks, [&](int64_t blk) {
-      const int64_t offset = offsets[blk];
-      const int64_t shared = (blk > 0 && (offset & 7) != 0) ? offset >> 3 : -1;
-      golomb::BitWriter writer(out, offset, shared, &heads[blk]);
-      const int64_t end = blocks.end(blk);
-      for (int64_t j = blocks.begin(blk); j < end; ++j) {
-        const int64_t prev = j == 0 ? -1 : static_cast<int64_t>(idx[j - 1]);
-        const int64_t cur = static_cast<int64_t>(idx[j]);
-        writer.PutCode(static_cast<uint64_t>(cur - prev - 1), b);
-      }
-      writer.Flush();
-    });
-    for (int64_t blk = 1; blk < num_blocks; ++blk) {
-      if ((offsets[blk] & 7) != 0) out[offsets[blk] >> 3] |= heads[blk];
-    }
+    OP_REQUIRES_OK(ctx, encode.Write(ctx, idx, k, b, bits,
+                                     encoded->flat<uint8_t>().data()));
   }
 };
 
-template <typename Tk>
+template <typename Device, typename Tk>
 class GolombDecodeOp : public OpKernel {
  public:
   explicit GolombDecodeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -241,182 +418,50 @@ class GolombDecodeOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     DecodeArgs a;
     OP_REQUIRES_OK(ctx, ReadDecodeArgs<Tk>(ctx, &a));
-    const int64_t k = a.k;
-    const int b = a.b;
     const Tensor& encoded = ctx->input(0);
-    golomb::BitReader reader(encoded.flat<uint8_t>().data(),
-                             encoded.NumElements());
-    Tensor* out_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &out_t));
-    int32_t* out = out_t->flat<int32_t>().data();
-    const uint64_t r_mask = (uint64_t{1} << b) - 1;
-    const uint64_t max_q = static_cast<uint64_t>(a.limit) >> b;
-    int64_t prev = -1;
-    for (int64_t j = 0; j < k; ++j) {
-      uint64_t q = 0;
-      uint64_t r = 0;
-      uint64_t w = reader.Peek();
-      int ones = golomb::LeadingOnes(w);
-      if (ones + 1 + b <= 63) {
-        // The whole code is in the window.
-        q = ones;
-        r = (w >> (63 - ones - b)) & r_mask;
-        reader.Skip(ones + 1 + b);
-      } else {
-        while (ones == 64 && reader.pos() < a.num_bits) {
-          q += 64;
-          reader.Skip(64);
-          w = reader.Peek();
-          ones = golomb::LeadingOnes(w);
-        }
-        q += ones;
-        reader.Skip(ones + 1);
-        if (b > 0) r = reader.Peek() >> (64 - b);
-        reader.Skip(b);
-      }
-      OP_REQUIRES(ctx, reader.pos() <= a.num_bits, TruncatedError(a, j));
-      OP_REQUIRES(
-          ctx, q <= max_q,
-          PositionError(
-              a, j,
-              prev + 1 + static_cast<int64_t>(std::min(q, max_q + 1) << b),
-              /*at_least=*/true));
-      const int64_t pos = prev + 1 + static_cast<int64_t>((q << b) | r);
-      OP_REQUIRES(ctx, pos < a.limit,
-                  PositionError(a, j, pos, /*at_least=*/false));
-      out[j] = static_cast<int32_t>(pos);
-      prev = pos;
-    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.k}), &out));
+    if (a.k == 0) return;
+    functor::DecodeFault fault;
+    OP_REQUIRES_OK(ctx, functor::GolombDecodeFunctor<Device>()(
+                            ctx, encoded.flat<uint8_t>().data(),
+                            encoded.NumElements(), a.k, a.b, a.limit,
+                            out->flat<int32_t>().data(), &fault));
+    OP_REQUIRES(ctx, fault.error == gpu::kDecodeOk, DecodeError(a, fault));
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombEncode")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int32_t>("T"),
-                        GolombEncodeOp<int32_t>);
-REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombEncode")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int64_t>("T"),
-                        GolombEncodeOp<int64_t>);
-REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombDecode")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int32_t>("Tk"),
-                        GolombDecodeOp<int32_t>);
-REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombDecode")
-                            .Device(DEVICE_CPU)
-                            .TypeConstraint<int64_t>("Tk"),
-                        GolombDecodeOp<int64_t>);
+#define REGISTER_CPU(T)                                                   \
+  REGISTER_KERNEL_BUILDER(                                                \
+      Name("Tfgc>GolombEncode").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
+      GolombEncodeOp<CPUDevice, T>);                                      \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombDecode")                       \
+                              .Device(DEVICE_CPU)                         \
+                              .TypeConstraint<T>("Tk"),                   \
+                          GolombDecodeOp<CPUDevice, T>);
+
+REGISTER_CPU(int32_t)
+REGISTER_CPU(int64_t)
+
+#undef REGISTER_CPU
 
 #if GOOGLE_CUDA
-// ---------------------------------------------------------------------------
-// GPU glue over the launchers of golomb_kernels.cu.cc. n, b and k live in
-// host memory; the encoder's output size is copied back before the output
-// is allocated, and both ops wait for the device's validity flags so that
-// they fail like the CPU kernels, with the same messages.
-// ---------------------------------------------------------------------------
-template <typename T>
-class GolombEncodeGpuOp : public OpKernel {
- public:
-  explicit GolombEncodeGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    int64_t n = 0;
-    int b = 0;
-    OP_REQUIRES_OK(ctx, ReadEncodeArgs(ctx, &n, &b));
-    const Tensor& indices = ctx->input(0);
-    const int64_t k = indices.NumElements();
-    constexpr bool kInt64 = std::is_same<T, int64_t>::value;
-    const void* idx = indices.flat<T>().data();
-    void* stream = StreamOf(ctx);
-    Tensor scratch;
-    OP_REQUIRES_OK(
-        ctx, ctx->allocate_temp(
-                 tensorflow::DT_INT8,
-                 TensorShape({gpu::GolombEncodeScratchBytes(k)}), &scratch));
-    void* scratch_p = scratch.flat<int8_t>().data();
-    int64_t total_bits = 0, bad = -1, bad_value = 0, bad_prev = 0;
-    OP_REQUIRES_OK(ctx, CudaStatus(gpu::GolombEncodeSize(
-                                       kInt64, idx, k, n, b, scratch_p,
-                                       stream, &total_bits, &bad, &bad_value,
-                                       &bad_prev),
-                                   "EncodeSize"));
-    OP_REQUIRES(ctx, bad < 0, IndexError(bad, bad_value, bad_prev, n));
-    OP_REQUIRES_OK(ctx, CheckEncodedBits(static_cast<uint64_t>(total_bits),
-                                         k, n, b));
-    const int64_t num_bytes = (total_bits + 7) / 8;
-    Tensor* encoded = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_bytes}),
-                                             &encoded));
-    // num_bits is a host-memory output.
-    Tensor* num_bits = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &num_bits));
-    num_bits->scalar<int64_t>()() = total_bits;
-    if (num_bytes == 0) return;
-    Tensor words;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(
-                            tensorflow::DT_UINT32,
-                            TensorShape({(total_bits + 31) / 32}), &words));
-    OP_REQUIRES_OK(ctx, CudaStatus(gpu::GolombEncodeWrite(
-                                       kInt64, idx, k, b, total_bits,
-                                       scratch_p, words.flat<uint32_t>().data(),
-                                       encoded->flat<uint8_t>().data(),
-                                       stream),
-                                   "EncodeWrite"));
-  }
-};
-
-template <typename Tk>
-class GolombDecodeGpuOp : public OpKernel {
- public:
-  explicit GolombDecodeGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-
-  void Compute(OpKernelContext* ctx) override {
-    DecodeArgs a;
-    OP_REQUIRES_OK(ctx, ReadDecodeArgs<Tk>(ctx, &a));
-    const int64_t k = a.k;
-    const Tensor& encoded = ctx->input(0);
-    Tensor* out_t = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({k}), &out_t));
-    if (k == 0) return;
-    Tensor scratch;
-    OP_REQUIRES_OK(
-        ctx, ctx->allocate_temp(tensorflow::DT_INT8,
-                                TensorShape({gpu::GolombDecodeScratchBytes(
-                                    encoded.NumElements(), a.b)}),
-                                &scratch));
-    int64_t error[3] = {0, 0, 0};
-    OP_REQUIRES_OK(
-        ctx, CudaStatus(gpu::GolombDecode(
-                            encoded.flat<uint8_t>().data(),
-                            encoded.NumElements(), k, a.b, a.limit,
-                            out_t->flat<int32_t>().data(),
-                            scratch.flat<int8_t>().data(),
-                            StreamOf(ctx), error),
-                        "Decode"));
-    const int64_t j = error[1];
-    OP_REQUIRES(ctx, error[0] != gpu::kDecodeTruncated, TruncatedError(a, j));
-    OP_REQUIRES(ctx, error[0] != gpu::kDecodeQuotientTooLarge,
-                PositionError(a, j, error[2], /*at_least=*/true));
-    OP_REQUIRES(ctx, error[0] != gpu::kDecodePositionTooLarge,
-                PositionError(a, j, error[2], /*at_least=*/false));
-  }
-};
-
-#define REGISTER_GPU(T)                                                  \
-  REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombEncode")                      \
-                              .Device(tensorflow::DEVICE_GPU)            \
-                              .HostMemory("n")                           \
-                              .HostMemory("b")                           \
-                              .HostMemory("num_bits")                    \
-                              .TypeConstraint<T>("T"),                   \
-                          GolombEncodeGpuOp<T>);                         \
-  REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombDecode")                      \
-                              .Device(tensorflow::DEVICE_GPU)            \
-                              .HostMemory("k")                           \
-                              .HostMemory("b")                           \
-                              .HostMemory("n")                           \
-                              .TypeConstraint<T>("Tk"),                  \
-                          GolombDecodeGpuOp<T>);
+// n, b and k live in host memory, and so does the output num_bits.
+#define REGISTER_GPU(T)                                       \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombEncode")           \
+                              .Device(tensorflow::DEVICE_GPU) \
+                              .HostMemory("n")                \
+                              .HostMemory("b")                \
+                              .HostMemory("num_bits")         \
+                              .TypeConstraint<T>("T"),        \
+                          GolombEncodeOp<GPUDevice, T>);      \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>GolombDecode")           \
+                              .Device(tensorflow::DEVICE_GPU) \
+                              .HostMemory("k")                \
+                              .HostMemory("b")                \
+                              .HostMemory("n")                \
+                              .TypeConstraint<T>("Tk"),       \
+                          GolombDecodeOp<GPUDevice, T>);
 
 REGISTER_GPU(int32_t)
 REGISTER_GPU(int64_t)

@@ -1,7 +1,11 @@
 // Copyright 2026 The tfgc Authors.
 //
-// CPU kernel of ScatterAddSum (and its CUDA glue when built with
-// GOOGLE_CUDA). The output is cut into tiles of kScatterTile elements. Three
+// The op kernel of ScatterAddSum, templated on the device: it validates the
+// inputs, allocates the output and reports the first index out of range
+// that functor::ScatterAddSumFunctor finds. Under GOOGLE_CUDA the GPU
+// functor calls the launcher of scatter_kernels.cu.cc.
+//
+// The CPU functor cuts the output into tiles of kScatterTile elements. Three
 // passes: count the values per (input chunk, tile) while checking the
 // indices; bucket them by tile, chunk after chunk (a stable counting sort);
 // then per tile, zero its float32 accumulators and add its bucket in order.
@@ -26,7 +30,6 @@
 #include "custom_ops/cc/kernels/parallel.h"
 #include "custom_ops/cc/kernels/scatter_kernels.h"
 
-
 namespace tfgc {
 namespace {
 
@@ -36,45 +39,6 @@ constexpr int64_t kMinChunk = int64_t{1} << 14;
 // Output tiles per parallel block: 2^18 elements, so small outputs stay on
 // the calling thread (a hand-off costs more than zeroing 1 MiB).
 constexpr int64_t kMinTilesPerBlock = (int64_t{1} << 18) / kScatterTile;
-
-// Checks values [m], indices [m] and the scalar n >= 0; sets *n.
-absl::Status ValidateArgs(const Tensor& values, const Tensor& indices,
-                          const Tensor& n_t, int64_t* n) {
-  if (!TensorShapeUtils::IsVector(values.shape()) ||
-      !TensorShapeUtils::IsVector(indices.shape())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "`values` and `indices` must be vectors [m]. Received: "
-        "values.shape=",
-        values.shape().DebugString(),
-        ", indices.shape=", indices.shape().DebugString()));
-  }
-  if (values.dim_size(0) != indices.dim_size(0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "`values` and `indices` must have the same length. Received: "
-        "values.shape=",
-        values.shape().DebugString(),
-        ", indices.shape=", indices.shape().DebugString()));
-  }
-  if (!TensorShapeUtils::IsScalar(n_t.shape())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("`n` must be a scalar. Received: n.shape=",
-                     n_t.shape().DebugString()));
-  }
-  *n = n_t.dtype() == tensorflow::DT_INT32
-           ? static_cast<int64_t>(n_t.scalar<int32_t>()())
-           : n_t.scalar<int64_t>()();
-  if (*n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("`n` must be non-negative. Received: n=", *n));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status BadIndex(int64_t position, int32_t index, int64_t n) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("`indices` must be in [0, n). Received: indices[",
-                   position, "]=", index, " with n=", n));
-}
 
 // Sums the entries [e, e_end) of one tile into out[0, len).
 void SumTile(const ScatterEntry* e, const ScatterEntry* e_end, int64_t len,
@@ -104,22 +68,27 @@ void SumTile(const ScatterEntry* e, const ScatterEntry* e_end, int64_t len,
   for (int64_t i = 0; i < len; ++i) out[i] = static_cast<T>(buffer[i]);
 }
 
-template <typename T>
-class ScatterAddSumOp : public OpKernel {
- public:
-  explicit ScatterAddSumOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+}  // namespace
 
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& values = ctx->input(0);
-    const Tensor& indices = ctx->input(1);
-    int64_t n = 0;
-    OP_REQUIRES_OK(ctx, ValidateArgs(values, indices, ctx->input(2), &n));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out));
-    const int64_t m = values.dim_size(0);
-    const T* v = values.flat<T>().data();
-    const int32_t* idx = indices.flat<int32_t>().data();
-    T* dst = out->flat<T>().data();
+namespace functor {
+
+// out[j] = the float32 sum, in input order from +0, of values[i] over every
+// i with indices[i] == j, rounded once to T; out has n elements. When an
+// index is outside [0, n), sets *bad_position to the lowest such i and
+// *bad_index to indices[i] (out is then not computed), else *bad_position
+// to -1.
+template <typename Device, typename T>
+struct ScatterAddSumFunctor {
+  absl::Status operator()(OpKernelContext* ctx, const T* values,
+                          const int32_t* indices, int64_t m, int64_t n,
+                          T* out, int64_t* bad_position, int32_t* bad_index);
+};
+
+template <typename T>
+struct ScatterAddSumFunctor<CPUDevice, T> {
+  absl::Status operator()(OpKernelContext* ctx, const T* v,
+                          const int32_t* idx, int64_t m, int64_t n, T* dst,
+                          int64_t* bad_position, int32_t* bad_index) {
     const int threads = NumThreads(ctx);
     const int64_t tiles = (n + kScatterTile - 1) >> kScatterTileBits;
     const Blocks chunks(m, threads, kMinChunk);
@@ -141,8 +110,13 @@ class ScatterAddSumOp : public OpKernel {
         ++count[j >> kScatterTileBits];
       }
     });
+    *bad_position = -1;
     for (int64_t c = 0; c < num_chunks; ++c) {
-      OP_REQUIRES(ctx, bad[c] < 0, BadIndex(bad[c], idx[bad[c]], n));
+      if (bad[c] >= 0) {
+        *bad_position = bad[c];
+        *bad_index = idx[bad[c]];
+        return absl::OkStatus();
+      }
     }
 
     // Bucket offsets: tile by tile, and chunk by chunk inside a tile, so a
@@ -163,8 +137,8 @@ class ScatterAddSumOp : public OpKernel {
     // Pass 2: bucket (offset in tile, float32 value) pairs.
     static_assert(sizeof(ScatterEntry) == sizeof(int64_t), "entry size");
     Tensor entries_t;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_INT64,
-                                           TensorShape({m}), &entries_t));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64,
+                                          TensorShape({m}), &entries_t));
     ScatterEntry* entries =
         reinterpret_cast<ScatterEntry*>(entries_t.flat<int64_t>().data());
     ForEachBlock(ctx, chunks, [&](int64_t c) {
@@ -187,30 +161,72 @@ class ScatterAddSumOp : public OpKernel {
       for (int64_t t = tile_blocks.begin(b); t < end; ++t) {
         const int64_t first = t << kScatterTileBits;
         SumTile(entries + tile_start[t], entries + tile_start[t + 1],
-                std::min(kScatterTile, n - first), dst + first, buffer.get());
+                std::min(kScatterTile, n - first), dst + first,
+                buffer.get());
       }
     });
+    return absl::OkStatus();
   }
 };
-#define REGISTER_CPU(T)                                                  \
-  REGISTER_KERNEL_BUILDER(                                               \
-      Name("Tfgc>ScatterAddSum").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
-      ScatterAddSumOp<T>);
-
-REGISTER_CPU(float)
-REGISTER_CPU(Eigen::half)
-REGISTER_CPU(Eigen::bfloat16)
-
-#undef REGISTER_CPU
 
 #if GOOGLE_CUDA
-// ---------------------------------------------------------------------------
-// GPU glue over the launcher of scatter_kernels.cu.cc.
-// ---------------------------------------------------------------------------
+// The GPU functor lives here, in the TensorFlow glue, not in a .cu.cc as in
+// TensorFlow: scatter_kernels.cu.cc is compiled without TensorFlow headers
+// (custom_ops/cuda_harness builds it alone), so it exports a plain launcher.
 template <typename T>
-class ScatterAddSumGpuOp : public OpKernel {
+struct ScatterAddSumFunctor<GPUDevice, T> {
+  absl::Status operator()(OpKernelContext* ctx, const T* values,
+                          const int32_t* indices, int64_t m, int64_t n,
+                          T* out, int64_t* bad_position, int32_t* bad_index) {
+    Tensor scratch;
+    TF_RETURN_IF_ERROR(
+        AllocateScratch(ctx, gpu::ScatterAddSumScratchBytes(m), &scratch));
+    return CudaStatus(
+        gpu::ScatterAddSum(GpuDType<T>(), values, indices, m, n, out,
+                           scratch.flat<int8_t>().data(), StreamOf(ctx),
+                           bad_position, bad_index),
+        "ScatterAddSum");
+  }
+};
+#endif  // GOOGLE_CUDA
+
+}  // namespace functor
+
+namespace {
+
+// Checks values [m], indices [m] and the scalar n >= 0; sets *n.
+absl::Status ValidateArgs(const Tensor& values, const Tensor& indices,
+                          const Tensor& n_t, int64_t* n) {
+  if (!TensorShapeUtils::IsVector(values.shape()) ||
+      !TensorShapeUtils::IsVector(indices.shape())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`values` and `indices` must be vectors [m]. Received: "
+        "values.shape=",
+        values.shape().DebugString(),
+        ", indices.shape=", indices.shape().DebugString()));
+  }
+  if (values.dim_size(0) != indices.dim_size(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`values` and `indices` must have the same length. Received: "
+        "values.shape=",
+        values.shape().DebugString(),
+        ", indices.shape=", indices.shape().DebugString()));
+  }
+  if (!TensorShapeUtils::IsScalar(n_t.shape())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("`n` must be a scalar. Received: n.shape=",
+                     n_t.shape().DebugString()));
+  }
+  *n = n_t.dtype() == tensorflow::DT_INT32
+           ? static_cast<int64_t>(n_t.scalar<int32_t>()())
+           : n_t.scalar<int64_t>()();
+  return CheckNonNegative(*n, "n");
+}
+
+template <typename Device, typename T>
+class ScatterAddSumOp : public OpKernel {
  public:
-  explicit ScatterAddSumGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit ScatterAddSumOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& values = ctx->input(0);
@@ -219,30 +235,36 @@ class ScatterAddSumGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ValidateArgs(values, indices, ctx->input(2), &n));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out));
-    const int64_t m = values.dim_size(0);
-    Tensor scratch;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(
-                            tensorflow::DT_INT8,
-                            TensorShape({gpu::ScatterAddSumScratchBytes(m)}),
-                            &scratch));
     int64_t bad_position = -1;
     int32_t bad_index = 0;
-    const int err = gpu::ScatterAddSum(
-        GpuDType<T>(), values.flat<T>().data(),
-        indices.flat<int32_t>().data(), m, n, out->flat<T>().data(),
-        scratch.flat<int8_t>().data(),
-        StreamOf(ctx), &bad_position, &bad_index);
-    OP_REQUIRES_OK(ctx, CudaStatus(err, "ScatterAddSum"));
-    OP_REQUIRES(ctx, bad_position < 0, BadIndex(bad_position, bad_index, n));
+    OP_REQUIRES_OK(ctx, (functor::ScatterAddSumFunctor<Device, T>()(
+                            ctx, values.flat<T>().data(),
+                            indices.flat<int32_t>().data(),
+                            values.dim_size(0), n, out->flat<T>().data(),
+                            &bad_position, &bad_index)));
+    OP_REQUIRES(ctx, bad_position < 0,
+                IndexOutOfRange(bad_position, bad_index, n));
   }
 };
 
+#define REGISTER_CPU(T)                                                    \
+  REGISTER_KERNEL_BUILDER(                                                 \
+      Name("Tfgc>ScatterAddSum").Device(DEVICE_CPU).TypeConstraint<T>("T"), \
+      ScatterAddSumOp<CPUDevice, T>);
+
+REGISTER_CPU(float)
+REGISTER_CPU(Eigen::half)
+REGISTER_CPU(Eigen::bfloat16)
+
+#undef REGISTER_CPU
+
+#if GOOGLE_CUDA
 #define REGISTER_GPU(T)                                       \
   REGISTER_KERNEL_BUILDER(Name("Tfgc>ScatterAddSum")          \
                               .Device(tensorflow::DEVICE_GPU) \
                               .HostMemory("n")                \
                               .TypeConstraint<T>("T"),        \
-                          ScatterAddSumGpuOp<T>);
+                          ScatterAddSumOp<GPUDevice, T>);
 
 REGISTER_GPU(float)
 REGISTER_GPU(Eigen::half)

@@ -38,10 +38,30 @@
 // integers (the header says why), so that neither -ftz=true device code nor
 // a host thread that flushes denormals changes a result. Grid sizes come
 // from the device's multiprocessor count and maximum grid size.
+//
+// Segments (issue 11): every kernel runs over a table of segments of one
+// fused input, each with its own n, k and seed (mode and rounds shared),
+// in the same launches; the single-tensor launchers are the case of one
+// segment, passed by value instead of in a table. The stride kernels walk
+// (segment, item) pairs numbered across the segments: HistKernel a
+// segment's blocks (as many as a single-tensor launch of its n has, each
+// reading the same elements, so the statistics are summed in the same
+// order), TileCountKernel and WriteKernel its tiles, TileScanKernel its
+// chunks; the one-block kernels (SelectDigitKernel, FinalizeKernel) and
+// PlanKernel's thread run once per segment. Histograms, states, plans,
+// statistics, counts and offsets have a place per segment in the one
+// scratch buffer (Layout). Outputs follow in segment order: k entries per
+// segment in mstopk and trimmed modes, placed from the host's table; in
+// threshold mode OutputOffsetsKernel (one block, after FinalizeKernel)
+// scans the sizes on the device, and TopKSampleSegmentsOutputSizes copies
+// all of them to the host at once. A segment with n = 0 or k = 0 has no
+// blocks, tiles or ranks and selects nothing, as the single launchers.
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "custom_ops/cc/kernels/cuda_launch.h"
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
@@ -123,7 +143,8 @@ struct RadixState {
 // How FinalizeKernel completes the plan from the counts.
 enum PlanKind : int { kMsTopKKind = 0, kThresholdKind = 1, kExactKind = 2 };
 
-// Everything the plan needs after the passes, in device memory.
+// Everything the plan needs after the passes, in device memory (one per
+// segment).
 struct DeviceState {
   RadixState radix;
   BisectionEnd end;
@@ -131,47 +152,118 @@ struct DeviceState {
   SelectionPlan plan;
 };
 
+// What every segment shares.
 struct PlanArgs {
   TopKSampleMode mode;
   int rounds;
-  int64_t n, k, seed;
-  int stats_blocks;
 };
+
+// One segment of the (fused) input as the kernels see it. The work items
+// of the stride kernels (HistKernel's blocks, tiles, chunks of tiles) are
+// numbered across the segments, each segment's from its *_begin; an
+// inactive segment (n = 0 or k = 0) has none and no ranks.
+struct Segment {
+  int64_t offset;  // its first element in x (and in zero_selected)
+  int64_t n, k, seed;
+  Ranks ranks;
+  // HistKernel's blocks: the grid of a single-tensor launch for n, so that
+  // the per-block statistics and their sum are those of that launch.
+  int64_t block_begin, blocks;
+  int64_t tile_begin, tiles;    // tiles of kTile elements
+  int64_t chunk_begin, chunks;  // chunks of kChunk tiles
+  int64_t out_begin;  // its first output entry (threshold mode: set on
+                      // the device by OutputOffsetsKernel)
+};
+
+__host__ __device__ __forceinline__ bool Active(const Segment& g) {
+  return g.n > 0 && g.k > 0;
+}
+
+// The segments of a launch, passed by value to every kernel: a table in
+// the scratch (the segmented launchers), or the one segment itself (the
+// single-tensor launchers, which so copy nothing to the device).
+struct Segments {
+  Segment* table;  // device memory; null: the single segment `one`
+  Segment one;
+  int count;
+  int64_t blocks, tiles, chunks;  // totals of the numberings
+
+  __device__ __forceinline__ Segment At(int s) const {
+    return table == nullptr ? one : table[s];
+  }
+  // The segment holding item `v` of the numbering whose starts are
+  // `kBegin`: the last segment starting at or before `v` (one without
+  // items starts where the next one does, so it is never the last).
+  template <int64_t Segment::*kBegin>
+  __device__ __forceinline__ int Find(int64_t v) const {
+    if (table == nullptr) return 0;
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (table[mid].*kBegin <= v) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return lo;
+  }
+};
+
+// 32-bit words of one segment's histograms of pass `pass` (one per slot).
+__host__ __device__ constexpr int HistWords(int pass) {
+  return (pass == 0 ? 1 : kRanks) << DigitBits(pass);
+}
 
 int64_t Align(int64_t v) { return (v + 15) / 16 * 16; }
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Scratch layout (bytes, 16-aligned pieces): the DeviceState first, then
-// the rest. Histograms and chunk totals are one zeroed region.
+// The kernels' segments, on the host, with the totals of their numberings.
+struct HostSegments {
+  std::vector<Segment> segs;
+  int64_t blocks = 0, tiles = 0, chunks = 0;
+  bool any_ranks = false;  // a radix select to run (SetRanks)
+};
+
+// Scratch layout (bytes, 16-aligned pieces): the DeviceStates first (so a
+// single-tensor launch's is at the start), then, in a segmented launch, the
+// segment table and the output sizes; then the rest, per segment at its
+// block, tile or chunk numbers. Histograms (HistWords(p) words per segment
+// and pass) and chunk totals are one zeroed region.
 struct Layout {
-  int64_t stats_blocks, tiles, chunks;
+  int64_t table_off = -1, size_off = -1;  // segmented launches only
   int64_t sum_off, max_off, fin_off;
   int64_t hist_off[kPasses];
   int64_t chunk_total_off, zero_bytes;
   int64_t chunk_off_off, count_off, tile_off_off, total;
 };
 
-Layout MakeLayout(int64_t n) {
+Layout MakeLayout(const HostSegments& h, bool segmented) {
+  const int64_t count = static_cast<int64_t>(h.segs.size());
   Layout l;
-  l.stats_blocks = StrideGridFor(n, kThreads);
-  l.tiles = std::max<int64_t>(1, CeilDiv(n, kTile));
-  l.chunks = CeilDiv(l.tiles, kChunk);
-  l.sum_off = Align(sizeof(DeviceState));
-  l.max_off = Align(l.sum_off + 8 * l.stats_blocks);
-  l.fin_off = Align(l.max_off + 4 * l.stats_blocks);
-  int64_t off = Align(l.fin_off + 8 * l.stats_blocks);
+  int64_t off = Align(static_cast<int64_t>(sizeof(DeviceState)) * count);
+  if (segmented) {
+    l.table_off = off;
+    off = Align(off + static_cast<int64_t>(sizeof(Segment)) * count);
+    l.size_off = off;
+    off = Align(off + 8 * count);
+  }
+  l.sum_off = off;
+  l.max_off = Align(l.sum_off + 8 * h.blocks);
+  l.fin_off = Align(l.max_off + 4 * h.blocks);
+  off = Align(l.fin_off + 8 * h.blocks);
   const int64_t zero_begin = off;
   for (int p = 0; p < kPasses; ++p) {
     l.hist_off[p] = off;
-    off = Align(off + (int64_t{4 * (p == 0 ? 1 : kRanks)} << DigitBits(p)));
+    off = Align(off + int64_t{4} * HistWords(p) * count);
   }
   l.chunk_total_off = off;  // [chunks][2] uint64: above, band
-  off = Align(off + 16 * l.chunks);
+  off = Align(off + 16 * h.chunks);
   l.zero_bytes = off - zero_begin;
   l.chunk_off_off = off;  // [chunks][2] int64
-  l.count_off = Align(off + 16 * l.chunks);  // [2][tiles] int32
-  l.tile_off_off = Align(l.count_off + 8 * l.tiles);  // [2][tiles] int64
-  l.total = Align(l.tile_off_off + 16 * l.tiles);
+  l.count_off = Align(off + 16 * h.chunks);  // per segment [2][tiles] int32
+  l.tile_off_off = Align(l.count_off + 8 * h.tiles);  // [2][tiles] int64
+  l.total = Align(l.tile_off_off + 16 * h.tiles);
   return l;
 }
 
@@ -224,100 +316,114 @@ __global__ void AddKernel(const T* g, const T* r, T* acc, int64_t n) {
   }
 }
 
-// One pass of the radix select: `hist` (global, zeroed) += the histogram of
-// the digit of pass `pass` over the keys in the buckets of `state` (pass 0:
-// every key; no histogram when `hist` is null). With kStats, also this
-// block's partial statistics (sum, max and count of the finite keys, a
-// subnormal one as 0) at sums/maxs/finites[blockIdx.x]. Each thread adds
-// runs of equal bins at once, so that mostly-zero or constant inputs do not
-// serialise on one shared-memory counter.
+// One pass of the radix select over every segment: each segment's
+// histogram (global, zeroed) += that of the digit of pass `pass` over its
+// keys in the buckets of its state (pass 0: every key). With kStats, also
+// the partial statistics (sum, max and count of the finite keys, a
+// subnormal one as 0) of each of the segment's blocks at
+// sums/maxs/finites[block]. A real block runs the segments' blocks in a
+// grid-stride loop; segment block b reads the elements a block b of a
+// single-tensor launch of its n reads, in the same order. Each thread adds
+// runs of equal bins at once, so that mostly-zero or constant inputs do
+// not serialise on one shared-memory counter.
 template <typename T, bool kStats>
-__global__ void HistKernel(const T* x, int64_t n, int pass,
-                           const RadixState* state, uint32_t* hist,
+__global__ void HistKernel(const T* x, Segments segs, int pass,
+                           const DeviceState* states, uint32_t* hist,
                            double* sums, float* maxs,
                            unsigned long long* finites) {
   __shared__ uint32_t s_hist[kRanks * kMaxBins];
-  const int bits = DigitBits(pass), shift = DigitShift(pass);
-  const int prefix_shift = PrefixShift(pass);
-  const uint32_t digit_mask = (1u << bits) - 1;
-  int slots = hist == nullptr ? 0 : 1;
-  uint32_t slot_prefix[kRanks] = {0, 0, 0};  // pass 0: key >> 31 is 0
-  if (pass > 0 && hist != nullptr) {
-    slots = state->slots;
-    for (int s = 0; s < kRanks; ++s) slot_prefix[s] = state->slot_prefix[s];
-  }
-  const int used = slots << bits;
-  for (int b = threadIdx.x; b < used; b += kThreads) s_hist[b] = 0;
-  __syncthreads();
-  double sum = 0.0;
-  float mx = 0.0f;
-  unsigned long long fin = 0;
-  int run_bin = -1;
-  uint32_t run = 0;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const uint32_t key = Key(x[i]);
-    if (kStats && key < kInfKey) {  // finite; a subnormal key counts as 0
-      const float a = key < kMinNormalKey ? 0.0f : __uint_as_float(key);
-      sum += a;
-      mx = fmaxf(mx, a);
-      ++fin;
-    }
-    // Slots have distinct prefixes: at most one matches.
-    const uint32_t high = key >> prefix_shift;
-    int bin = -1;
-    for (int s = 0; s < kRanks; ++s) {
-      if (s < slots && high == slot_prefix[s]) {
-        bin = (s << bits) | static_cast<int>((key >> shift) & digit_mask);
-      }
-    }
-    if (bin != run_bin) {
-      if (run != 0) atomicAdd(&s_hist[run_bin], run);
-      run_bin = bin;
-      run = 0;
-    }
-    run += bin >= 0;
-  }
-  if (run != 0) atomicAdd(&s_hist[run_bin], run);
-  __syncthreads();
-  for (int b = threadIdx.x; b < used; b += kThreads) {
-    if (s_hist[b] != 0) atomicAdd(&hist[b], s_hist[b]);
-  }
-  if (!kStats) return;
   __shared__ double s_sum[kThreads / 32];
   __shared__ float s_max[kThreads / 32];
   __shared__ unsigned long long s_fin[kThreads / 32];
-  sum = WarpSum(sum);
-  mx = WarpMax(mx);
-  fin = WarpSum(fin);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) {
-    s_sum[warp] = sum;
-    s_max[warp] = mx;
-    s_fin[warp] = fin;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double ts = 0.0;
-    float tm = 0.0f;
-    unsigned long long tf = 0;
-    for (int w = 0; w < kThreads / 32; ++w) {
-      ts += s_sum[w];
-      tm = fmaxf(tm, s_max[w]);
-      tf += s_fin[w];
+  const int bits = DigitBits(pass), shift = DigitShift(pass);
+  const int prefix_shift = PrefixShift(pass);
+  const uint32_t digit_mask = (1u << bits) - 1;
+  for (int64_t block = blockIdx.x; block < segs.blocks; block += gridDim.x) {
+    const int s = segs.Find<&Segment::block_begin>(block);
+    const Segment g = segs.At(s);
+    int slots = g.ranks.count > 0 ? 1 : 0;
+    uint32_t slot_prefix[kRanks] = {0, 0, 0};  // pass 0: key >> 31 is 0
+    if (pass > 0 && slots > 0) {
+      const RadixState& r = states[s].radix;
+      slots = r.slots;
+      for (int j = 0; j < kRanks; ++j) slot_prefix[j] = r.slot_prefix[j];
     }
-    sums[blockIdx.x] = ts;
-    maxs[blockIdx.x] = tm;
-    finites[blockIdx.x] = tf;
+    if (!kStats && slots == 0) continue;  // the same in the whole block
+    const T* xs = x + g.offset;
+    uint32_t* h = hist + int64_t{s} * HistWords(pass);
+    const int used = slots << bits;
+    for (int b = threadIdx.x; b < used; b += kThreads) s_hist[b] = 0;
+    __syncthreads();
+    double sum = 0.0;
+    float mx = 0.0f;
+    unsigned long long fin = 0;
+    int run_bin = -1;
+    uint32_t run = 0;
+    for (int64_t i = (block - g.block_begin) * kThreads + threadIdx.x;
+         i < g.n; i += g.blocks * kThreads) {
+      const uint32_t key = Key(xs[i]);
+      if (kStats && key < kInfKey) {  // finite; a subnormal key counts as 0
+        const float a = key < kMinNormalKey ? 0.0f : __uint_as_float(key);
+        sum += a;
+        mx = fmaxf(mx, a);
+        ++fin;
+      }
+      // Slots have distinct prefixes: at most one matches.
+      const uint32_t high = key >> prefix_shift;
+      int bin = -1;
+      for (int j = 0; j < kRanks; ++j) {
+        if (j < slots && high == slot_prefix[j]) {
+          bin = (j << bits) | static_cast<int>((key >> shift) & digit_mask);
+        }
+      }
+      if (bin != run_bin) {
+        if (run != 0) atomicAdd(&s_hist[run_bin], run);
+        run_bin = bin;
+        run = 0;
+      }
+      run += bin >= 0;
+    }
+    if (run != 0) atomicAdd(&s_hist[run_bin], run);
+    __syncthreads();
+    for (int b = threadIdx.x; b < used; b += kThreads) {
+      if (s_hist[b] != 0) atomicAdd(&h[b], s_hist[b]);
+    }
+    if (kStats) {
+      sum = WarpSum(sum);
+      mx = WarpMax(mx);
+      fin = WarpSum(fin);
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      if (lane == 0) {
+        s_sum[warp] = sum;
+        s_max[warp] = mx;
+        s_fin[warp] = fin;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        double ts = 0.0;
+        float tm = 0.0f;
+        unsigned long long tf = 0;
+        for (int w = 0; w < kThreads / 32; ++w) {
+          ts += s_sum[w];
+          tm = fmaxf(tm, s_max[w]);
+          tf += s_fin[w];
+        }
+        sums[block] = ts;
+        maxs[block] = tm;
+        finites[block] = tf;
+      }
+    }
+    __syncthreads();  // before the next block reuses the shared arrays
   }
 }
 
-// One block, after HistKernel's pass `pass`: for every rank, the digit of
-// its key (the bucket, counted from the largest digit down, holding the
-// rank), then the histogram slots of the next pass (one per distinct
-// prefix). Pass 0 starts the state from `ranks`.
-__global__ void SelectDigitKernel(int pass, Ranks ranks, RadixState* state,
-                                  const uint32_t* hist) {
+// One block per segment (grid-stride), after HistKernel's pass `pass`: for
+// every rank of the segment, the digit of its key (the bucket, counted
+// from the largest digit down, holding the rank), then the histogram slots
+// of the next pass (one per distinct prefix). Pass 0 starts the state from
+// the segment's ranks.
+__global__ void SelectDigitKernel(int pass, Segments segs,
+                                  DeviceState* states, const uint32_t* hist) {
   __shared__ int s_digit;
   __shared__ int64_t s_above;
   const int bits = DigitBits(pass);
@@ -325,49 +431,55 @@ __global__ void SelectDigitKernel(int pass, Ranks ranks, RadixState* state,
   const int per = bins / kThreads;
   // Thread t holds the digits top, top - 1, ..., top - per + 1.
   const int top = bins - 1 - static_cast<int>(threadIdx.x) * per;
-  for (int j = 0; j < ranks.count; ++j) {
-    const int64_t rem = pass == 0 ? ranks.r[j] : state->remaining[j];
-    const uint32_t* h = hist + ((pass == 0 ? 0 : state->slot[j]) << bits);
-    if (threadIdx.x == 0) {
-      s_digit = 0;
-      s_above = 0;
-    }
-    int64_t local = 0;
-    for (int i = 0; i < per; ++i) local += h[top - i];
-    int64_t total;
-    int64_t before = BlockExclusiveScan(local, &total);  // higher digits
-    for (int i = 0; i < per; ++i) {
-      const int64_t c = h[top - i];
-      if (before < rem && rem <= before + c) {
-        s_digit = top - i;
-        s_above = before;
-      }
-      before += c;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      const uint32_t prefix = pass == 0 ? 0u : state->prefix[j];
-      const int64_t greater = pass == 0 ? 0 : state->greater[j];
-      state->prefix[j] = prefix << bits | static_cast<uint32_t>(s_digit);
-      state->greater[j] = greater + s_above;
-      state->remaining[j] = rem - s_above;
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    int slots = 0;
+  for (int s = blockIdx.x; s < segs.count; s += gridDim.x) {
+    const Ranks ranks = segs.At(s).ranks;
+    RadixState* state = &states[s].radix;
+    const uint32_t* seg_hist = hist + int64_t{s} * HistWords(pass);
     for (int j = 0; j < ranks.count; ++j) {
-      int s = -1;
-      for (int t = 0; t < slots; ++t) {
-        if (state->slot_prefix[t] == state->prefix[j]) s = t;
+      const int64_t rem = pass == 0 ? ranks.r[j] : state->remaining[j];
+      const uint32_t* h =
+          seg_hist + ((pass == 0 ? 0 : state->slot[j]) << bits);
+      if (threadIdx.x == 0) {
+        s_digit = 0;
+        s_above = 0;
       }
-      if (s < 0) {
-        s = slots++;
-        state->slot_prefix[s] = state->prefix[j];
+      int64_t local = 0;
+      for (int i = 0; i < per; ++i) local += h[top - i];
+      int64_t total;
+      int64_t before = BlockExclusiveScan(local, &total);  // higher digits
+      for (int i = 0; i < per; ++i) {
+        const int64_t c = h[top - i];
+        if (before < rem && rem <= before + c) {
+          s_digit = top - i;
+          s_above = before;
+        }
+        before += c;
       }
-      state->slot[j] = s;
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        const uint32_t prefix = pass == 0 ? 0u : state->prefix[j];
+        const int64_t greater = pass == 0 ? 0 : state->greater[j];
+        state->prefix[j] = prefix << bits | static_cast<uint32_t>(s_digit);
+        state->greater[j] = greater + s_above;
+        state->remaining[j] = rem - s_above;
+      }
+      __syncthreads();
     }
-    state->slots = slots;
+    if (threadIdx.x == 0 && ranks.count > 0) {
+      int slots = 0;
+      for (int j = 0; j < ranks.count; ++j) {
+        int slot = -1;
+        for (int t = 0; t < slots; ++t) {
+          if (state->slot_prefix[t] == state->prefix[j]) slot = t;
+        }
+        if (slot < 0) {
+          slot = slots++;
+          state->slot_prefix[slot] = state->prefix[j];
+        }
+        state->slot[j] = slot;
+      }
+      state->slots = slots;
+    }
   }
 }
 
@@ -376,42 +488,50 @@ __device__ __forceinline__ int64_t RankKey(const RadixState& r, int j) {
   return j < 0 ? kNoRank : static_cast<int64_t>(r.prefix[j]);
 }
 
-// One thread: the statistics from the per-block partials in block order,
-// the bisection, and the plan's thresholds (its counts come later).
-__global__ void PlanKernel(PlanArgs a, Ranks ranks, const double* sums,
+// One thread per active segment: the statistics from its blocks' partials
+// in block order, the bisection, and the plan's thresholds (its counts
+// come later).
+__global__ void PlanKernel(PlanArgs a, Segments segs, const double* sums,
                            const float* maxs,
                            const unsigned long long* finites,
-                           DeviceState* st) {
-  const RadixState& r = st->radix;
-  int kind = kExactKind;
-  SelectionPlan plan;
-  if (a.mode != TopKSampleMode::kTrimmed) {
-    double sum = 0.0;
-    float mx = 0.0f;
-    unsigned long long fin = 0;
-    for (int b = 0; b < a.stats_blocks; ++b) {
-      sum += sums[b];
-      mx = fmaxf(mx, maxs[b]);
-      fin += finites[b];
+                           DeviceState* states) {
+  for (int64_t s = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+       s < segs.count; s += int64_t{gridDim.x} * blockDim.x) {
+    const Segment g = segs.At(static_cast<int>(s));
+    if (!Active(g)) continue;
+    DeviceState* st = &states[s];
+    const RadixState& r = st->radix;
+    const Ranks& ranks = g.ranks;
+    int kind = kExactKind;
+    SelectionPlan plan;
+    if (a.mode != TopKSampleMode::kTrimmed) {
+      double sum = 0.0;
+      float mx = 0.0f;
+      unsigned long long fin = 0;
+      for (int64_t b = g.block_begin; b < g.block_begin + g.blocks; ++b) {
+        sum += sums[b];
+        mx = fmaxf(mx, maxs[b]);
+        fin += finites[b];
+      }
+      const float mean = Mean(sum, static_cast<int64_t>(fin));
+      const BisectionEnd e =
+          BisectByOrder(a.mode, mean, Diff(mx, mean), a.rounds,
+                        RankKey(r, ranks.k1), RankKey(r, ranks.k2));
+      st->end = e;
+      if (a.mode == TopKSampleMode::kMsTopK) {
+        kind = kMsTopKKind;
+        plan = MsTopKPlan(e, 0, 0, g.n, g.k, g.seed);  // thresholds only
+      } else if (e.has_lo) {
+        kind = kThresholdKind;
+        plan = ThresholdPlan(e, 0);
+      }
     }
-    const float mean = Mean(sum, static_cast<int64_t>(fin));
-    const BisectionEnd e =
-        BisectByOrder(a.mode, mean, Diff(mx, mean), a.rounds,
-                      RankKey(r, ranks.k1), RankKey(r, ranks.k2));
-    st->end = e;
-    if (a.mode == TopKSampleMode::kMsTopK) {
-      kind = kMsTopKKind;
-      plan = MsTopKPlan(e, 0, 0, a.n, a.k, a.seed);  // thresholds only
-    } else if (e.has_lo) {
-      kind = kThresholdKind;
-      plan = ThresholdPlan(e, 0);
+    if (kind == kExactKind) {
+      plan = ExactPlan(r.prefix[ranks.k], r.greater[ranks.k], g.k);
     }
+    st->kind = kind;
+    st->plan = plan;
   }
-  if (kind == kExactKind) {
-    plan = ExactPlan(r.prefix[ranks.k], r.greater[ranks.k], a.k);
-  }
-  st->kind = kind;
-  st->plan = plan;
 }
 
 // 0: not selected; 1: in the plan's above set; 2: in its band.
@@ -421,21 +541,43 @@ __device__ __forceinline__ int Classify(const SelectionPlan& p, uint32_t a) {
   return 0;
 }
 
-// Per tile, the keys above the plan's thresholds and in its band; their
-// totals per chunk of kChunk tiles (integer atomics, so deterministic).
+// Tile t of the numbering across the segments: its segment, that
+// segment's plan, and its index inside the segment.
+struct SegmentTile {
+  Segment g;
+  SelectionPlan plan;
+  int64_t tile;
+};
+
+__device__ __forceinline__ SegmentTile TileAt(const Segments& segs,
+                                              const DeviceState* states,
+                                              int64_t t) {
+  const int s = segs.Find<&Segment::tile_begin>(t);
+  const Segment g = segs.At(s);
+  return {g, states[s].plan, t - g.tile_begin};
+}
+
+// Per tile (of every segment), the keys above its segment's plan's
+// thresholds and in its band; their totals per chunk of kChunk tiles
+// (integer atomics, so deterministic). A segment's counts are
+// [2][its tiles] from 2 * tile_begin.
 template <typename T>
-__global__ void TileCountKernel(const T* x, int64_t n, int64_t tiles,
-                                const DeviceState* st, int32_t* counts,
+__global__ void TileCountKernel(const T* x, Segments segs,
+                                const DeviceState* states, int32_t* counts,
                                 unsigned long long* chunk_totals) {
   __shared__ int s_a[kThreads / 32], s_b[kThreads / 32];
-  const SelectionPlan p = st->plan;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  for (int64_t t = blockIdx.x; t < segs.tiles; t += gridDim.x) {
+    const SegmentTile st = TileAt(segs, states, t);
+    const Segment& g = st.g;
+    const SelectionPlan& p = st.plan;
+    const T* xs = x + g.offset;
+    const int64_t tile = st.tile;
     int ca = 0, cb = 0;
     const int64_t base = tile * kTile;
     for (int j = 0; j < kItems; ++j) {  // coalesced: stride kThreads
       const int64_t i = base + j * kThreads + threadIdx.x;
-      if (i < n) {
-        const int c = Classify(p, Key(x[i]));
+      if (i < g.n) {
+        const int c = Classify(p, Key(xs[i]));
         ca += c == 1;
         cb += c == 2;
       }
@@ -453,9 +595,11 @@ __global__ void TileCountKernel(const T* x, int64_t n, int64_t tiles,
         ta += s_a[w];
         tb += s_b[w];
       }
-      counts[tile] = ta;
-      counts[tiles + tile] = tb;
-      unsigned long long* chunk = chunk_totals + 2 * (tile / kChunk);
+      int32_t* seg_counts = counts + 2 * g.tile_begin;
+      seg_counts[tile] = ta;
+      seg_counts[g.tiles + tile] = tb;
+      unsigned long long* chunk =
+          chunk_totals + 2 * (g.chunk_begin + tile / kChunk);
       if (ta != 0) atomicAdd(&chunk[0], static_cast<unsigned long long>(ta));
       if (tb != 0) atomicAdd(&chunk[1], static_cast<unsigned long long>(tb));
     }
@@ -463,79 +607,120 @@ __global__ void TileCountKernel(const T* x, int64_t n, int64_t tiles,
   }
 }
 
-// One block: exclusive offsets of the chunks, then the plan completed from
-// the totals (the counts above the thresholds and in the band).
-__global__ void FinalizeKernel(PlanArgs a, int64_t chunks,
+// One block per segment (grid-stride): exclusive offsets of its chunks,
+// then its plan completed from the totals (the counts above the
+// thresholds and in the band).
+__global__ void FinalizeKernel(Segments segs,
                                const unsigned long long* chunk_totals,
-                               int64_t* chunk_offsets, DeviceState* st) {
-  int64_t carry_a = 0, carry_b = 0;
-  for (int64_t first = 0; first < chunks; first += kThreads) {
-    const int64_t c = first + threadIdx.x;
-    const int64_t va =
-        c < chunks ? static_cast<int64_t>(chunk_totals[2 * c]) : 0;
-    const int64_t vb =
-        c < chunks ? static_cast<int64_t>(chunk_totals[2 * c + 1]) : 0;
-    int64_t ta, tb;
-    const int64_t ea = BlockExclusiveScan(va, &ta);
-    const int64_t eb = BlockExclusiveScan(vb, &tb);
-    if (c < chunks) {
-      chunk_offsets[2 * c] = carry_a + ea;
-      chunk_offsets[2 * c + 1] = carry_b + eb;
+                               int64_t* chunk_offsets, DeviceState* states) {
+  for (int s = blockIdx.x; s < segs.count; s += gridDim.x) {
+    const Segment g = segs.At(s);
+    if (!Active(g)) continue;  // the same in the whole block
+    const unsigned long long* totals = chunk_totals + 2 * g.chunk_begin;
+    int64_t* offsets = chunk_offsets + 2 * g.chunk_begin;
+    int64_t carry_a = 0, carry_b = 0;
+    for (int64_t first = 0; first < g.chunks; first += kThreads) {
+      const int64_t c = first + threadIdx.x;
+      const int64_t va =
+          c < g.chunks ? static_cast<int64_t>(totals[2 * c]) : 0;
+      const int64_t vb =
+          c < g.chunks ? static_cast<int64_t>(totals[2 * c + 1]) : 0;
+      int64_t ta, tb;
+      const int64_t ea = BlockExclusiveScan(va, &ta);
+      const int64_t eb = BlockExclusiveScan(vb, &tb);
+      if (c < g.chunks) {
+        offsets[2 * c] = carry_a + ea;
+        offsets[2 * c + 1] = carry_b + eb;
+      }
+      carry_a += ta;
+      carry_b += tb;
     }
-    carry_a += ta;
-    carry_b += tb;
+    if (threadIdx.x == 0) {
+      DeviceState* st = &states[s];
+      const int64_t above = carry_a, band = carry_b;
+      if (st->kind == kMsTopKKind) {
+        st->plan = MsTopKPlan(st->end, above, above + band, g.n, g.k, g.seed);
+      } else if (st->kind == kThresholdKind) {
+        st->plan = ThresholdPlan(st->end, above);
+      }  // an ExactPlan is complete (`above` equals its above_count)
+    }
   }
-  if (threadIdx.x == 0) {
-    const int64_t above = carry_a, band = carry_b;
-    if (st->kind == kMsTopKKind) {
-      st->plan = MsTopKPlan(st->end, above, above + band, a.n, a.k, a.seed);
-    } else if (st->kind == kThresholdKind) {
-      st->plan = ThresholdPlan(st->end, above);
-    }  // an ExactPlan is complete (`above` equals its above_count)
+}
+
+// One block, segmented threshold mode: every segment's output size (0 when
+// inactive) to `sizes`, and their exclusive sums to the table's out_begin.
+__global__ void OutputOffsetsKernel(Segments segs, const DeviceState* states,
+                                    int64_t* sizes) {
+  int64_t carry = 0;
+  for (int64_t first = 0; first < segs.count; first += kThreads) {
+    const int64_t s = first + threadIdx.x;
+    int64_t size = 0;
+    if (s < segs.count && Active(segs.table[s])) {
+      size = states[s].plan.output_size;
+    }
+    int64_t total;
+    const int64_t before = BlockExclusiveScan(size, &total);
+    if (s < segs.count) {
+      sizes[s] = size;
+      segs.table[s].out_begin = carry + before;
+    }
+    carry += total;
   }
 }
 
 // Every tile's exclusive offsets: its chunk's plus a block scan of the
-// chunk's tiles, one per thread.
-__global__ void TileScanKernel(int64_t tiles, int64_t chunks,
-                               const int32_t* counts,
+// chunk's tiles, one per thread (chunks of every segment).
+__global__ void TileScanKernel(Segments segs, const int32_t* counts,
                                const int64_t* chunk_offsets,
                                int64_t* tile_offsets) {
-  for (int64_t c = blockIdx.x; c < chunks; c += gridDim.x) {
-    const int64_t t = c * kChunk + threadIdx.x;
-    const int64_t a = t < tiles ? counts[t] : 0;
-    const int64_t b = t < tiles ? counts[tiles + t] : 0;
+  for (int64_t c = blockIdx.x; c < segs.chunks; c += gridDim.x) {
+    const int s = segs.Find<&Segment::chunk_begin>(c);
+    const Segment g = segs.At(s);
+    const int32_t* seg_counts = counts + 2 * g.tile_begin;
+    int64_t* seg_offsets = tile_offsets + 2 * g.tile_begin;
+    const int64_t t = (c - g.chunk_begin) * kChunk + threadIdx.x;
+    const int64_t a = t < g.tiles ? seg_counts[t] : 0;
+    const int64_t b = t < g.tiles ? seg_counts[g.tiles + t] : 0;
     int64_t ta, tb;
     const int64_t ea = BlockExclusiveScan(a, &ta);
     const int64_t eb = BlockExclusiveScan(b, &tb);
-    if (t < tiles) {
-      tile_offsets[t] = chunk_offsets[2 * c] + ea;
-      tile_offsets[tiles + t] = chunk_offsets[2 * c + 1] + eb;
+    if (t < g.tiles) {
+      seg_offsets[t] = chunk_offsets[2 * c] + ea;
+      seg_offsets[g.tiles + t] = chunk_offsets[2 * c + 1] + eb;
     }
   }
 }
 
-// Writes every selected element of each tile at its output rank (below
-// `size`, the plan's output size). Items are visited in index order: item j
-// of the tile's row-major [kItems, kThreads] layout is element
-// base + j * kThreads + thread, and ranks are scanned per row, so the output
-// stays in index order.
+// Writes every selected element of each tile (of every segment) at its
+// output rank, from its segment's out_begin, below its plan's output size
+// and `size`, the output's. Items are visited in index order: item j of
+// the tile's row-major [kItems, kThreads] layout is element
+// base + j * kThreads + thread, and ranks are scanned per row, so each
+// segment's output stays in index order. Indices are the segment's own.
 template <typename T>
-__global__ void WriteKernel(const T* x, int64_t n, int64_t tiles,
-                            const DeviceState* st,
+__global__ void WriteKernel(const T* x, Segments segs,
+                            const DeviceState* states,
                             const int64_t* tile_offsets, int64_t size,
                             T* values, int32_t* indices, T* zero) {
-  const SelectionPlan p = st->plan;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    int64_t above_before = tile_offsets[tile];
-    int64_t band_before = tile_offsets[tiles + tile];
+  for (int64_t t = blockIdx.x; t < segs.tiles; t += gridDim.x) {
+    const SegmentTile st = TileAt(segs, states, t);
+    const Segment& g = st.g;
+    const SelectionPlan& p = st.plan;
+    // The segment's output: from out_begin, below its size and `size`.
+    const int64_t room = size - g.out_begin;
+    const int64_t limit = p.output_size < room ? p.output_size : room;
+    const T* xs = x + g.offset;
+    const int64_t tile = st.tile;
+    const int64_t* seg_offsets = tile_offsets + 2 * g.tile_begin;
+    int64_t above_before = seg_offsets[tile];
+    int64_t band_before = seg_offsets[g.tiles + tile];
     const int64_t base = tile * kTile;
     for (int j = 0; j < kItems; ++j) {
       const int64_t i = base + j * kThreads + threadIdx.x;
       int c = 0;
       T v{};
-      if (i < n) {
-        v = x[i];
+      if (i < g.n) {
+        v = xs[i];
         c = Classify(p, Key(v));
       }
       int total_a, total_b;
@@ -555,10 +740,10 @@ __global__ void WriteKernel(const T* x, int64_t n, int64_t tiles,
         } else if (b_rank >= p.start && b_rank < p.start + p.need) {
           pos = a_rank + (b_rank - p.start);
         }
-        if (pos >= 0 && pos < size) {
-          values[pos] = v;
-          indices[pos] = static_cast<int32_t>(i);
-          if (zero != nullptr) zero[i] = FromFloat<T>(0.0f);
+        if (pos >= 0 && pos < limit) {
+          values[g.out_begin + pos] = v;
+          indices[g.out_begin + pos] = static_cast<int32_t>(i);
+          if (zero != nullptr) zero[g.offset + i] = FromFloat<T>(0.0f);
         }
       }
       above_before += total_a;
@@ -598,11 +783,87 @@ Ranks WantedRanks(TopKSampleMode mode, int64_t n, int64_t k) {
   return ranks;
 }
 
+// Whether the segments are valid: 0 <= k <= n < 2^31 (int32 indices),
+// offset >= 0.
+bool ValidSegments(const TopKSampleSegment* in, int count) {
+  if (count < 0 || (count > 0 && in == nullptr)) return false;
+  for (int s = 0; s < count; ++s) {
+    const TopKSampleSegment& g = in[s];
+    if (g.offset < 0 || g.k < 0 || g.k > g.n ||
+        g.n > std::numeric_limits<int32_t>::max()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The kernels' segments of `count` input ones, with their numberings; the
+// ranks are SetRanks's. Output entries follow in segment order, k per
+// active segment (threshold mode: OutputOffsetsKernel's instead).
+HostSegments Describe(const TopKSampleSegment* in, int count) {
+  HostSegments h;
+  h.segs.resize(count);
+  int64_t out = 0;
+  for (int s = 0; s < count; ++s) {
+    Segment& g = h.segs[s];
+    g = Segment{};
+    g.offset = in[s].offset;
+    g.n = in[s].n;
+    g.k = in[s].k;
+    g.seed = in[s].seed;
+    g.ranks.k = g.ranks.k1 = g.ranks.k2 = -1;
+    g.block_begin = h.blocks;
+    g.tile_begin = h.tiles;
+    g.chunk_begin = h.chunks;
+    g.out_begin = out;
+    if (Active(g)) {
+      g.blocks = StrideGridFor(g.n, kThreads);
+      g.tiles = CeilDiv(g.n, kTile);
+      g.chunks = CeilDiv(g.tiles, kChunk);
+      out += g.k;
+    }
+    h.blocks += g.blocks;
+    h.tiles += g.tiles;
+    h.chunks += g.chunks;
+  }
+  return h;
+}
+
+void SetRanks(TopKSampleMode mode, HostSegments* h) {
+  for (Segment& g : h->segs) {
+    if (!Active(g)) continue;
+    g.ranks = WantedRanks(mode, g.n, g.k);
+    h->any_ranks = h->any_ranks || g.ranks.count > 0;
+  }
+}
+
+// The kernels' view of the segments: the table in the scratch (a
+// segmented launch) or the one segment by value.
+Segments View(const HostSegments& h, const Layout& l, char* scratch) {
+  Segments v;
+  v.table = l.table_off >= 0 ? reinterpret_cast<Segment*>(scratch + l.table_off)
+                             : nullptr;
+  v.one = h.segs.empty() ? Segment{} : h.segs[0];
+  v.count = static_cast<int>(h.segs.size());
+  v.blocks = h.blocks;
+  v.tiles = h.tiles;
+  v.chunks = h.chunks;
+  return v;
+}
+
+// Grid of the kernels that run one block per segment.
+int SegmentGrid(int count) { return GridFor(count); }
+
+// The plan of every segment (at least one active), on the stream: in a
+// segmented launch, first the segment table from the host (one
+// asynchronous copy), last, in threshold mode, the output sizes and
+// offsets. No host synchronisation.
 template <typename T>
-int PlanTyped(const T* x, int64_t n, int64_t k, TopKSampleMode mode,
-              int rounds, int64_t seed, char* scratch, cudaStream_t s) {
-  const Layout l = MakeLayout(n);
-  auto* st = reinterpret_cast<DeviceState*>(scratch);
+int PlanTyped(const T* x, const HostSegments& h, const Layout& l,
+              TopKSampleMode mode, int rounds, char* scratch,
+              cudaStream_t s) {
+  const Segments segs = View(h, l, scratch);
+  auto* states = reinterpret_cast<DeviceState*>(scratch);
   auto* sums = reinterpret_cast<double*>(scratch + l.sum_off);
   auto* maxs = reinterpret_cast<float*>(scratch + l.max_off);
   auto* fins = reinterpret_cast<unsigned long long*>(scratch + l.fin_off);
@@ -615,58 +876,113 @@ int PlanTyped(const T* x, int64_t n, int64_t k, TopKSampleMode mode,
   auto* chunk_offsets = reinterpret_cast<int64_t*>(scratch + l.chunk_off_off);
   auto* counts = reinterpret_cast<int32_t*>(scratch + l.count_off);
   auto* tile_offsets = reinterpret_cast<int64_t*>(scratch + l.tile_off_off);
-  const Ranks ranks = WantedRanks(mode, n, k);
-  const PlanArgs args{mode, rounds, n, k, seed,
-                      static_cast<int>(l.stats_blocks)};
+  const PlanArgs args{mode, rounds};
 
-  cudaError_t err =
-      cudaMemsetAsync(scratch + l.hist_off[0], 0, l.zero_bytes, s);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  const int grid = static_cast<int>(l.stats_blocks);
-  RadixState* radix = &st->radix;
-  uint32_t* hist0 = ranks.count > 0 ? hist[0] : nullptr;
-  if (mode == TopKSampleMode::kTrimmed) {
-    LaunchKernel(HistKernel<T, false>, grid, kThreads, 0, s, x, n, 0, radix,
-                 hist0, nullptr, nullptr, nullptr);
-  } else {
-    LaunchKernel(HistKernel<T, true>, grid, kThreads, 0, s, x, n, 0, radix,
-                 hist0, sums, maxs, fins);
+  cudaError_t err = cudaSuccess;
+  if (segs.table != nullptr) {
+    // From pageable host memory: CUDA stages the bytes and returns without
+    // waiting for the stream.
+    err = cudaMemcpyAsync(segs.table, h.segs.data(),
+                          sizeof(Segment) * h.segs.size(),
+                          cudaMemcpyHostToDevice, s);
+    if (err != cudaSuccess) return static_cast<int>(err);
   }
-  if (ranks.count > 0) {
+  err = cudaMemsetAsync(scratch + l.hist_off[0], 0, l.zero_bytes, s);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  const int grid = GridFor(h.blocks);
+  const int seg_grid = SegmentGrid(segs.count);
+  const DeviceState* cstates = states;
+  if (mode == TopKSampleMode::kTrimmed) {
+    LaunchKernel(HistKernel<T, false>, grid, kThreads, 0, s, x, segs, 0,
+                 cstates, hist[0], nullptr, nullptr, nullptr);
+  } else {
+    LaunchKernel(HistKernel<T, true>, grid, kThreads, 0, s, x, segs, 0,
+                 cstates, hist[0], sums, maxs, fins);
+  }
+  if (h.any_ranks) {
     for (int p = 0; p < kPasses; ++p) {
       if (p > 0) {
-        LaunchKernel(HistKernel<T, false>, grid, kThreads, 0, s, x, n, p,
-                     radix, hist[p], nullptr, nullptr, nullptr);
+        LaunchKernel(HistKernel<T, false>, grid, kThreads, 0, s, x, segs, p,
+                     cstates, hist[p], nullptr, nullptr, nullptr);
       }
-      LaunchKernel(SelectDigitKernel, 1, kThreads, 0, s, p, ranks, radix,
-                   hist[p]);
+      LaunchKernel(SelectDigitKernel, seg_grid, kThreads, 0, s, p, segs,
+                   states, hist[p]);
     }
   }
-  LaunchKernel(PlanKernel, 1, 1, 0, s, args, ranks, sums, maxs, fins, st);
-  LaunchKernel(TileCountKernel<T>, GridFor(l.tiles), kThreads, 0, s, x, n,
-               l.tiles, st, counts, chunk_totals);
-  LaunchKernel(FinalizeKernel, 1, kThreads, 0, s, args, l.chunks,
-               chunk_totals, chunk_offsets, st);
-  LaunchKernel(TileScanKernel, GridFor(l.chunks), kThreads, 0, s, l.tiles,
-               l.chunks, counts, chunk_offsets, tile_offsets);
+  const int plan_threads = std::min(segs.count, kThreads);
+  LaunchKernel(PlanKernel, StrideGridFor(segs.count, plan_threads),
+               plan_threads, 0, s, args, segs, sums, maxs, fins, states);
+  LaunchKernel(TileCountKernel<T>, GridFor(h.tiles), kThreads, 0, s, x, segs,
+               cstates, counts, chunk_totals);
+  LaunchKernel(FinalizeKernel, seg_grid, kThreads, 0, s, segs, chunk_totals,
+               chunk_offsets, states);
+  if (segs.table != nullptr && mode == TopKSampleMode::kThreshold) {
+    LaunchKernel(OutputOffsetsKernel, 1, kThreads, 0, s, segs, cstates,
+                 reinterpret_cast<int64_t*>(scratch + l.size_off));
+  }
+  LaunchKernel(TileScanKernel, GridFor(h.chunks), kThreads, 0, s, segs,
+               counts, chunk_offsets, tile_offsets);
   return static_cast<int>(cudaGetLastError());
 }
 
 template <typename T>
-int WriteTyped(const T* x, int64_t n, int64_t size, T* values,
-               int32_t* indices, T* zero, char* scratch, cudaStream_t s) {
-  if (n == 0 || size == 0) return 0;
-  const Layout l = MakeLayout(n);
-  LaunchKernel(WriteKernel<T>, GridFor(l.tiles), kThreads, 0, s, x, n,
-               l.tiles, reinterpret_cast<const DeviceState*>(scratch),
+int WriteTyped(const T* x, const HostSegments& h, const Layout& l,
+               int64_t size, T* values, int32_t* indices, T* zero,
+               char* scratch, cudaStream_t s) {
+  if (h.tiles == 0 || size == 0) return 0;
+  LaunchKernel(WriteKernel<T>, GridFor(h.tiles), kThreads, 0, s, x,
+               View(h, l, scratch),
+               reinterpret_cast<const DeviceState*>(scratch),
                reinterpret_cast<const int64_t*>(scratch + l.tile_off_off),
                size, values, indices, zero);
   return static_cast<int>(cudaGetLastError());
 }
 
+// A single-tensor launch: the one segment [0, n).
+HostSegments Single(int64_t n, int64_t k, int64_t seed) {
+  const TopKSampleSegment one{0, n, k, seed};
+  return Describe(&one, 1);
+}
+
+// PlanTyped and WriteTyped for the element type of `dtype`.
+int Plan(DType dtype, const void* x, const HostSegments& h, const Layout& l,
+         TopKSampleMode mode, int rounds, void* scratch, void* stream) {
+  return Dispatch(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return PlanTyped<T>(static_cast<const T*>(x), h, l, mode, rounds,
+                        static_cast<char*>(scratch),
+                        static_cast<cudaStream_t>(stream));
+  });
+}
+
+int Write(DType dtype, const void* x, const HostSegments& h, const Layout& l,
+          int64_t size, void* values, int32_t* indices, void* zero,
+          void* scratch, void* stream) {
+  return Dispatch(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return WriteTyped<T>(static_cast<const T*>(x), h, l, size,
+                         static_cast<T*>(values), indices,
+                         static_cast<T*>(zero), static_cast<char*>(scratch),
+                         static_cast<cudaStream_t>(stream));
+  });
+}
+
+// The one copy of data-dependent output sizes to the host, and the wait.
+int CopySizesToHost(int64_t* sizes, const void* src, int count,
+                    void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t err = cudaMemcpyAsync(sizes, src, sizeof(int64_t) * count,
+                                    cudaMemcpyDeviceToHost, s);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+  return static_cast<int>(err);
+}
+
 }  // namespace
 
-int64_t TopKSampleScratchBytes(int64_t n) { return MakeLayout(n).total; }
+int64_t TopKSampleScratchBytes(int64_t n) {
+  // The layout depends on n alone for any 0 < k <= n.
+  return MakeLayout(Single(n, n, 0), false).total;
+}
 
 int AddResidual(DType dtype, const void* gradient, const void* residual,
                 void* acc, int64_t n, void* stream) {
@@ -686,12 +1002,10 @@ int TopKSamplePlan(DType dtype, const void* x, int64_t n, int64_t k,
                    TopKSampleMode mode, int rounds, int64_t seed,
                    void* scratch, void* stream) {
   if (k <= 0 || n <= 0) return 0;
-  return Dispatch(dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    return PlanTyped<T>(static_cast<const T*>(x), n, k, mode, rounds, seed,
-                        static_cast<char*>(scratch),
-                        static_cast<cudaStream_t>(stream));
-  });
+  HostSegments h = Single(n, k, seed);
+  SetRanks(mode, &h);
+  return Plan(dtype, x, h, MakeLayout(h, false), mode, rounds, scratch,
+              stream);
 }
 
 int TopKSampleOutputSize(TopKSampleMode mode, int64_t n, int64_t k,
@@ -699,25 +1013,69 @@ int TopKSampleOutputSize(TopKSampleMode mode, int64_t n, int64_t k,
   *size = n > 0 ? k : 0;
   if (mode != TopKSampleMode::kThreshold || *size == 0) return 0;
   const auto* st = static_cast<const DeviceState*>(scratch);
-  auto s = static_cast<cudaStream_t>(stream);
-  cudaError_t err =
-      cudaMemcpyAsync(size, &st->plan.output_size, sizeof(*size),
-                      cudaMemcpyDeviceToHost, s);
-  if (err == cudaSuccess) err = cudaStreamSynchronize(s);
-  return static_cast<int>(err);
+  return CopySizesToHost(size, &st->plan.output_size, 1, stream);
 }
 
 int TopKSampleWrite(DType dtype, const void* x, int64_t n,
                     int64_t output_size, void* values, int32_t* indices,
                     void* zero_selected, void* scratch, void* stream) {
-  return Dispatch(dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    return WriteTyped<T>(static_cast<const T*>(x), n, output_size,
-                         static_cast<T*>(values), indices,
-                         static_cast<T*>(zero_selected),
-                         static_cast<char*>(scratch),
-                         static_cast<cudaStream_t>(stream));
-  });
+  if (n == 0 || output_size == 0) return 0;
+  const HostSegments h = Single(n, n, 0);  // tiles depend on n alone
+  return Write(dtype, x, h, MakeLayout(h, false), output_size, values,
+               indices, zero_selected, scratch, stream);
+}
+
+int64_t TopKSampleSegmentsScratchBytes(const TopKSampleSegment* segments,
+                                       int count) {
+  if (!ValidSegments(segments, count)) return -1;
+  return MakeLayout(Describe(segments, count), true).total;
+}
+
+int TopKSampleSegmentsPlan(DType dtype, const void* x,
+                           const TopKSampleSegment* segments, int count,
+                           TopKSampleMode mode, int rounds, void* scratch,
+                           void* stream) {
+  if (!ValidSegments(segments, count)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  HostSegments h = Describe(segments, count);
+  if (h.tiles == 0) return 0;  // no active segment
+  SetRanks(mode, &h);
+  return Plan(dtype, x, h, MakeLayout(h, true), mode, rounds, scratch,
+              stream);
+}
+
+int TopKSampleSegmentsOutputSizes(TopKSampleMode mode,
+                                  const TopKSampleSegment* segments,
+                                  int count, const void* scratch,
+                                  void* stream, int64_t* output_sizes) {
+  if (!ValidSegments(segments, count)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  bool any = false;
+  for (int s = 0; s < count; ++s) {
+    const bool active = segments[s].n > 0 && segments[s].k > 0;
+    output_sizes[s] = active ? segments[s].k : 0;
+    any = any || active;
+  }
+  if (mode != TopKSampleMode::kThreshold || !any) return 0;
+  const Layout l = MakeLayout(Describe(segments, count), true);
+  return CopySizesToHost(output_sizes,
+                         static_cast<const char*>(scratch) + l.size_off,
+                         count, stream);
+}
+
+int TopKSampleSegmentsWrite(DType dtype, const void* x,
+                            const TopKSampleSegment* segments, int count,
+                            int64_t output_size, void* values,
+                            int32_t* indices, void* zero_selected,
+                            void* scratch, void* stream) {
+  if (!ValidSegments(segments, count)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const HostSegments h = Describe(segments, count);
+  return Write(dtype, x, h, MakeLayout(h, true), output_size, values,
+               indices, zero_selected, scratch, stream);
 }
 
 }  // namespace gpu

@@ -288,6 +288,68 @@ int TopKSampleWrite(DType dtype, const void* x, int64_t n,
                     int64_t output_size, void* values, int32_t* indices,
                     void* zero_selected, void* scratch, void* stream);
 
+// ---------------------------------------------------------------------------
+// Segmented selection (issue 11): one selection over many tensors fused in
+// one buffer, in one set of launches instead of one per tensor. Each
+// segment's values, indices and zeroed entries are bit for bit those of the
+// single-tensor launchers above run on the segment alone with its own k and
+// seed; mode and rounds are shared. The single-tensor launchers are the
+// one-segment case of the same kernels.
+// ---------------------------------------------------------------------------
+
+// A segment of the fused buffer: elements [offset, offset + n), 0 <= k <=
+// n < 2^31, segments disjoint. A segment with n = 0 or k = 0 selects
+// nothing. Segment tables are host memory.
+struct TopKSampleSegment {
+  int64_t offset = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t seed = 0;
+};
+
+// Bytes of device scratch for these segments on the current device (-1
+// for an invalid table).
+int64_t TopKSampleSegmentsScratchBytes(const TopKSampleSegment* segments,
+                                       int count);
+
+// As TopKSamplePlan / TopKSampleOutputSize / TopKSampleWrite, for every
+// segment at once (the same table, stream and scratch in all three):
+//   TopKSampleSegmentsPlan        copies the table to the scratch (one
+//                                 asynchronous copy from the host) and
+//                                 plans every segment; no host
+//                                 synchronisation;
+//   TopKSampleSegmentsOutputSizes every segment's output size into
+//                                 output_sizes[count] (host): k (0 for an
+//                                 empty segment) in mstopk and trimmed
+//                                 modes, with no synchronisation; in
+//                                 threshold mode one copy of all the sizes
+//                                 to the host and one stream
+//                                 synchronisation;
+//   TopKSampleSegmentsWrite       the selections one after another in
+//                                 segment order into values and indices
+//                                 (output_size entries in all, the sum of
+//                                 the sizes), each segment's indices
+//                                 counted from its own start; with
+//                                 `zero_selected` (a buffer laid out as
+//                                 `x`, possibly `x`), those entries zeroed.
+// A residual is added to the whole fused buffer by AddResidual. Each
+// returns a cudaError_t value (cudaErrorInvalidValue for an invalid table).
+int TopKSampleSegmentsPlan(DType dtype, const void* x,
+                           const TopKSampleSegment* segments, int count,
+                           TopKSampleMode mode, int rounds, void* scratch,
+                           void* stream);
+
+int TopKSampleSegmentsOutputSizes(TopKSampleMode mode,
+                                  const TopKSampleSegment* segments,
+                                  int count, const void* scratch,
+                                  void* stream, int64_t* output_sizes);
+
+int TopKSampleSegmentsWrite(DType dtype, const void* x,
+                            const TopKSampleSegment* segments, int count,
+                            int64_t output_size, void* values,
+                            int32_t* indices, void* zero_selected,
+                            void* scratch, void* stream);
+
 }  // namespace gpu
 }  // namespace tfgc
 

@@ -1,0 +1,391 @@
+// Copyright 2026 The tfgc Authors.
+//
+// The CPU selection of Tfgc>TopKSample and Tfgc>TopKSampleWithResidual
+// (top_k_sample_cpu.h), which reads the input once, whatever the data and
+// `rounds` (PlanSelection says why this is exact): one pass
+// (top_k_sample_cpu_scan.cc), in chunks that stay in L1, computes the
+// statistics (sum, max and count of the finite keys; trimmed top-k needs
+// none), writes acc = gradient + residual in the residual variant, and
+// compacts every element whose key is at least a floor taken from a sample
+// of 64 Ki keys (value and index, in index order). Then the order
+// statistics come from the candidates (two 11-bit histogram levels, then
+// nth_element in one small bucket), the bisection runs on them without
+// touching the data, and the selection is written from the candidates.
+// Only when the sample misleads, or the bisection's lo threshold lies below
+// the floor, is the compaction repeated at a lower floor. Every full pass
+// is split into fixed blocks run on the intra-op thread pool, and every
+// result is exactly the one of the pure-TF reference.
+
+#define EIGEN_USE_THREADS
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "custom_ops/cc/kernels/kernel_utils.h"
+#include "custom_ops/cc/kernels/top_k_sample_cpu.h"
+#include "custom_ops/cc/kernels/top_k_sample_kernels.h"
+
+namespace tfgc {
+namespace cpu {
+namespace {
+
+// Whether `key` passes threshold key `t`: key >= t, or key > t when kStrict.
+template <bool kStrict>
+inline bool Passes(uint32_t key, uint32_t t) {
+  return kStrict ? key > t : key >= t;
+}
+
+// The digit of `h`, searched from the top, that holds the r-th largest
+// count; `*r` becomes the rank inside it.
+int FindDigit(const DigitHist& h, int64_t* r) {
+  int d = static_cast<int>(h.size()) - 1;
+  while (h[d] < *r) *r -= h[d--];  // the counts add up to at least r
+  return d;
+}
+
+// The r-th largest (1 <= r <= keys.size()) of `keys`, whose top-digit
+// histogram is `top`, for each r of `ranks`: the top digit from `top`, the
+// next 11 bits from one histogram pass over the keys, then nth_element
+// among the few keys that share both digits.
+template <size_t kRanks>
+std::array<uint32_t, kRanks> KthLargest(const std::vector<uint32_t>& keys,
+                                        const DigitHist& top,
+                                        std::array<int64_t, kRanks> ranks,
+                                        std::vector<uint32_t>* bucket) {
+  constexpr int kNextShift = kTopShift - 11;
+  std::array<uint32_t, kRanks> digit;
+  for (size_t j = 0; j < kRanks; ++j) digit[j] = FindDigit(top, &ranks[j]);
+  const std::array<int64_t, kRanks> in_digit = ranks;  // ranks in the digit
+  std::array<DigitHist, kRanks> next{};
+  for (uint32_t u : keys) {
+    for (size_t j = 0; j < kRanks; ++j) {
+      if ((u >> kTopShift) == digit[j]) ++next[j][(u >> kNextShift) & 0x7ffu];
+    }
+  }
+  std::array<uint32_t, kRanks> out;
+  for (size_t j = 0; j < kRanks; ++j) {
+    if (j > 0 && digit[j] == digit[j - 1] && in_digit[j] == in_digit[j - 1]) {
+      out[j] = out[j - 1];  // the same rank again
+      continue;
+    }
+    const uint32_t prefix = digit[j] << 11 | FindDigit(next[j], &ranks[j]);
+    bucket->clear();
+    for (uint32_t u : keys) {
+      if ((u >> kNextShift) == prefix) bucket->push_back(u);
+    }
+    const auto nth = bucket->begin() + (ranks[j] - 1);
+    std::nth_element(bucket->begin(), nth, bucket->end(),
+                     [](uint32_t a, uint32_t b) { return a > b; });
+    out[j] = *nth;
+  }
+  return out;
+}
+
+// The keys that predict where to compact: all of them below kMinSampled
+// elements, else kRuns runs of kRun consecutive keys (16 cache lines,
+// prefetched, read far faster than 64 Ki keys one cache line apart),
+// spread evenly.
+constexpr int64_t kRuns = 256;
+constexpr int64_t kRun = 256;
+constexpr int64_t kMinSampled = 4 * kRuns * kRun;
+
+template <typename T>
+void DrawSample(const TopKSampleInput<T>& x, Candidates* cand) {
+  const int64_t n = x.n;
+  std::vector<uint32_t>& sample = cand->sample;
+  sample.clear();
+  if (n < kMinSampled) {
+    for (int64_t i = 0; i < n; ++i) sample.push_back(ElementKey(x[i]));
+  } else {
+    const int64_t stride = n / kRuns;
+    for (int64_t r = 0; r < kRuns; ++r) {
+      const int64_t begin = r * stride + (stride - kRun) / 2;
+      for (int64_t i = begin; i < begin + kRun; ++i) {
+        sample.push_back(ElementKey(x[i]));
+      }
+    }
+  }
+  cand->sample_top.fill(0);
+  AddToHist(sample.data(), static_cast<int64_t>(sample.size()),
+            &cand->sample_top);
+}
+
+// A key that the r-th largest key of the n-element input reaches, judged
+// from the sample: exactly the r-th largest when the sample is the whole
+// input, otherwise the sample's key of rank r m / n plus four standard
+// deviations and 8 (m sampled keys), so it is lower with high probability.
+// 0 when the sample cannot tell; kNoRank when r > n.
+int64_t LowerBoundOfRank(int64_t n, int64_t r, Candidates* cand) {
+  if (r > n) return kNoRank;
+  const auto m = static_cast<int64_t>(cand->sample.size());
+  int64_t rank = r;
+  if (m < n) {
+    const double expect = static_cast<double>(r) * m / n;
+    rank = static_cast<int64_t>(
+        std::ceil(expect + 4.0 * std::sqrt(expect) + 8.0));
+    if (rank > m) return 0;
+  }
+  return KthLargest<1>(cand->sample, cand->sample_top, {rank},
+                       &cand->bucket)[0];
+}
+
+// Numbers of candidate keys >= a (> a when strict) and >= b.
+std::array<int64_t, 2> CountCandidates(const Candidates& cand, uint32_t a,
+                                       bool strict, uint32_t b) {
+  std::array<int64_t, 2> c = {0, 0};
+  for (uint32_t u : cand.keys) {
+    c[0] += strict ? u > a : u >= a;
+    c[1] += u >= b;
+  }
+  return c;
+}
+
+// Keeps, in order, the candidates whose key is >= thr (> thr when kStrict).
+template <bool kStrict>
+void Prune(uint32_t thr, Candidates* cand) {
+  const auto n = static_cast<int64_t>(cand->value.size());
+  float* v = cand->value.data();
+  int32_t* idx = cand->index.data();
+  uint32_t* key = cand->keys.data();
+  int64_t out = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t a = key[i];
+    v[out] = v[i];
+    idx[out] = idx[i];
+    key[out] = a;
+    out += Passes<kStrict>(a, thr);
+  }
+  cand->value.resize(out);
+  cand->index.resize(out);
+  cand->keys.resize(out);
+}
+
+// Exact top-k of the candidates, which hold every key >= the k-th largest.
+SelectionPlan ExactTopK(Candidates* cand, int64_t k) {
+  const uint32_t v =
+      KthLargest<1>(cand->keys, cand->keys_top, {k}, &cand->bucket)[0];
+  return ExactPlan(v, CountCandidates(*cand, v, true, 0)[0], k);
+}
+
+// The share of the sampled keys that are >= floor.
+double SampledShare(const Candidates& cand, int64_t floor) {
+  int64_t passing = 0;
+  for (uint32_t u : cand.sample) passing += u >= floor;
+  return static_cast<double>(passing) /
+         static_cast<double>(std::max<size_t>(1, cand.sample.size()));
+}
+
+}  // namespace
+
+// The selection of every mode rests on order statistics: trimmed top-k on
+// the k-th largest key, and the bisections of mstopk and threshold, which
+// BisectByOrder runs from the (k+1)-th and 2k-th largest keys, then on the
+// counts at its final thresholds. So one pass over the input computes the
+// statistics (not needed by trimmed top-k) and compacts every element whose
+// key is at least a floor F, and the rest runs on the candidates:
+//   - an order statistic of rank r is exact when at least r keys are
+//     candidates; otherwise it is below F, which decides every comparison
+//     with a threshold t >= F as well;
+//   - the bisection's selection takes the keys >= its final lo threshold
+//     (when mstopk has none, its band is every key below the hi threshold,
+//     which WriteWholeBand reads straight from the input).
+// F is the sample's lower bound of the largest rank the mode reads (but
+// above 0: gradients may be mostly zeros). The lo threshold lies within one
+// step of the bisection's grid, diff 2^-rounds, below the (k+1)-th key, so
+// on most data the candidates hold it too. When they do not decide or hold
+// the selection (a coarse grid, as with one huge outlier, or a misleading
+// sample), the compaction is repeated at a lower F, at worst 0 (every
+// element).
+template <typename T>
+SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
+                            int64_t k, TopKSampleMode mode, int rounds,
+                            int64_t seed, Candidates* cand) {
+  const int64_t n = in.n;
+  if (k == 0) {
+    if (in.residual != nullptr) Compact(ctx, in, false, kNoKey, 0.0, cand);
+    return SelectionPlan();
+  }
+  const bool trimmed = mode == TopKSampleMode::kTrimmed;
+  const bool strict = mode == TopKSampleMode::kThreshold;
+  DrawSample(in, cand);
+  // The largest rank the mode reads. Zeros are candidates only when the
+  // selection turns out to need them.
+  const int64_t top_rank =
+      std::min(n, trimmed ? k : (strict && 2 * k <= n ? 2 * k : k + 1));
+  int64_t floor = std::max<int64_t>(1, LowerBoundOfRank(n, top_rank, cand));
+  const Stats st = Compact(ctx, in, !trimmed, static_cast<uint32_t>(floor),
+                           SampledShare(*cand, floor), cand);
+  const TopKSampleInput<T> data{in.data(), nullptr, nullptr, n};
+  for (;; Compact(ctx, data, false, static_cast<uint32_t>(floor),
+                  SampledShare(*cand, floor), cand)) {
+    const auto size = static_cast<int64_t>(cand->keys.size());
+    // Every rank <= n is a candidate at floor 0, so the loop ends there.
+    if (trimmed) {
+      if (size >= k) return ExactTopK(cand, k);
+      floor = 0;
+      continue;
+    }
+    // The (k+1)-th and 2k-th largest keys (mstopk reads only the first):
+    // exact when candidates, kNoRank beyond n, else below the floor, which
+    // floor - 1 stands for.
+    const std::array<int64_t, 2> ranks = {k + 1, strict ? 2 * k : k + 1};
+    std::array<int64_t, 2> v = {kNoRank, kNoRank};
+    bool exact = true;
+    if (size > 0) {
+      const auto kth = KthLargest<2>(
+          cand->keys, cand->keys_top,
+          {std::min(ranks[0], size), std::min(ranks[1], size)}, &cand->bucket);
+      for (int j = 0; j < 2; ++j) {
+        if (ranks[j] <= size) v[j] = kth[j];
+      }
+    }
+    for (int j = 0; j < 2; ++j) {
+      if (ranks[j] <= n && ranks[j] > size) {
+        v[j] = floor - 1;
+        exact = false;
+      }
+    }
+    if (!strict) v[1] = kNoRank;
+    const BisectionEnd e =
+        BisectByOrder(mode, st.mean, st.diff, rounds, v[0], v[1]);
+    if (!exact && e.lowest < floor) {  // a comparison it could not decide
+      floor = e.lowest;
+      continue;
+    }
+    if (e.has_lo && e.lo < floor) {
+      floor = e.lo;
+      continue;
+    }
+    if (!e.has_lo && strict && size < k) {  // the exact top-k fallback
+      floor = 0;
+      continue;
+    }
+    if (strict) {
+      if (!e.has_lo) return ExactTopK(cand, k);
+      return ThresholdPlan(e, CountCandidates(*cand, e.lo, true, 0)[0]);
+    }
+    const auto c = CountCandidates(*cand, e.has_hi ? e.hi : kNoKey, false,
+                                   e.has_lo ? e.lo : 0);
+    return MsTopKPlan(e, c[0], e.has_lo ? c[1] : n, n, k, seed);
+  }
+}
+
+namespace {
+
+// Where the selection goes, in index order.
+template <typename T>
+struct Output {
+  const T* x;
+  T* values;
+  int32_t* indices;
+  T* zero;  // where selected entries are zeroed, if anywhere
+  int64_t size = 0;
+
+  // Element i, whose value is v (float holds every T value exactly; not
+  // always a NaN's payload).
+  void Take(int64_t i, float v) {
+    values[size] = std::isnan(v) ? x[i] : static_cast<T>(v);
+    indices[size] = static_cast<int32_t>(i);
+    if (zero != nullptr) zero[i] = static_cast<T>(0.0f);
+    ++size;
+  }
+  void Take(int64_t i) { Take(i, static_cast<float>(x[i])); }
+  absl::Status Check(const SelectionPlan& p, int64_t candidates) const {
+    if (size == p.output_size) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat(
+        "TopKSample selected ", size, " elements but planned ",
+        p.output_size, " (candidates=", candidates, ", need=", p.need,
+        ", start=", p.start, ")"));
+  }
+};
+
+// Writes mstopk's selection when its band has no lower end (no count was
+// above k): the candidates above the plan, which hold every key >= `above`,
+// and the band slice, ranks [start, start + need) of the elements below
+// `above` in index order. Between two elements above, the band is a run of
+// consecutive indices, so the slice is read straight from the input.
+template <typename T>
+absl::Status WriteWholeBand(int64_t n, const SelectionPlan& p,
+                            const Candidates& cand, Output<T>* out) {
+  const int64_t band_end = p.start + p.need;
+  const auto size = static_cast<int64_t>(cand.keys.size());
+  int64_t band_rank = 0;  // of element `next`
+  int64_t next = 0;       // the first index not yet passed
+  for (int64_t c = 0; c <= size; ++c) {
+    if (c < size && !IsAbove(p, cand.keys[c])) continue;
+    const int64_t above = c < size ? cand.index[c] : n;
+    const int64_t run_end = band_rank + (above - next);
+    for (int64_t r = std::max(band_rank, p.start);
+         r < std::min(run_end, band_end); ++r) {
+      out->Take(next + (r - band_rank));
+    }
+    band_rank = run_end;
+    if (c < size) out->Take(above, cand.value[c]);
+    next = above + 1;
+  }
+  return out->Check(p, size);
+}
+
+// Writes the plan's selection from the candidates, in index order.
+template <typename T>
+absl::Status Write(int64_t n, const SelectionPlan& p, Candidates* cand_p,
+                   Output<T>* out) {
+  if (!p.has_band_lo && p.need > 0) {
+    return WriteWholeBand(n, p, *cand_p, out);
+  }
+  // Everything selected lies in the band or above it (strictly above
+  // `above` when the band is empty): drop the rest first, branch-free.
+  if (p.has_band_lo) {
+    Prune<false>(p.band_lo, cand_p);
+  } else if (p.above_strict) {
+    Prune<true>(p.above, cand_p);
+  } else {
+    Prune<false>(p.above, cand_p);
+  }
+  const Candidates& cand = *cand_p;
+  int64_t band_rank = 0;
+  const int64_t band_end = p.start + p.need;
+  const auto size = static_cast<int64_t>(cand.keys.size());
+  for (int64_t c = 0; c < size && out->size < p.output_size; ++c) {
+    bool take = IsAbove(p, cand.keys[c]);
+    if (!take) {  // in the band
+      take = band_rank >= p.start && band_rank < band_end;
+      ++band_rank;
+    }
+    if (take) out->Take(cand.index[c], cand.value[c]);
+  }
+  return out->Check(p, size);
+}
+
+}  // namespace
+
+template <typename T>
+absl::Status WriteSelection(const TopKSampleInput<T>& in,
+                            const SelectionPlan& plan, Candidates* cand,
+                            T* values, int32_t* indices) {
+  Output<T> out{in.data(), values, indices, in.acc};
+  return Write(in.n, plan, cand, &out);
+}
+
+#define TFGC_INSTANTIATE(T)                                                  \
+  template SelectionPlan PlanSelection(OpKernelContext*,                     \
+                                       const TopKSampleInput<T>&, int64_t,   \
+                                       TopKSampleMode, int, int64_t,         \
+                                       Candidates*);                         \
+  template absl::Status WriteSelection(const TopKSampleInput<T>&,            \
+                                       const SelectionPlan&, Candidates*, T*, \
+                                       int32_t*);
+
+TFGC_INSTANTIATE(float)
+TFGC_INSTANTIATE(Eigen::half)
+TFGC_INSTANTIATE(Eigen::bfloat16)
+
+#undef TFGC_INSTANTIATE
+
+}  // namespace cpu
+}  // namespace tfgc

@@ -1,0 +1,182 @@
+// Copyright 2026 The tfgc Authors.
+//
+// The CPU selection of TopKSample and TopKSampleWithResidual, which the CPU
+// functor of top_k_sample_kernels.cc calls: the types its two files share
+// and their entry points. top_k_sample_cpu_scan.cc holds the pass over the
+// input (statistics and compaction, with AVX2 paths); top_k_sample_cpu.cc
+// the order statistics, the plan and the writing of the selection (its file
+// comment describes the algorithm). Their templates are instantiated there
+// for float, Eigen::half and Eigen::bfloat16. Depends on TensorFlow, unlike
+// top_k_sample_kernels.h.
+
+#ifndef TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_CPU_H_
+#define TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_CPU_H_
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "custom_ops/cc/kernels/kernel_utils.h"
+#include "custom_ops/cc/kernels/top_k_sample_kernels.h"
+
+namespace tfgc {
+
+// The data selected from: x itself, or acc = gradient + residual (added in
+// T, as TensorFlow adds), which the first pass writes to `acc`. The input
+// of both devices' functors.
+template <typename T>
+struct TopKSampleInput {
+  const T* x;                   // x, or the gradient
+  const T* residual = nullptr;  // null for TopKSample
+  T* acc = nullptr;             // acc's storage (null for TopKSample)
+  int64_t n = 0;
+
+  T operator[](int64_t i) const {
+    return residual == nullptr ? x[i] : static_cast<T>(x[i] + residual[i]);
+  }
+  // The data, once the first pass wrote acc.
+  const T* data() const { return residual == nullptr ? x : acc; }
+};
+
+namespace cpu {
+
+// The key of the header of an element of type T (float16 and bfloat16
+// convert to float32 exactly).
+template <typename T>
+inline uint32_t ElementKey(T x) {
+  return KeyOf(static_cast<float>(x));
+}
+
+// Histogram of the top 11 bits of keys (keys <= 0x7f800000 < 2^31).
+constexpr int kTopShift = 20;
+using DigitHist = std::array<int64_t, 1 << 11>;
+
+inline void AddToHist(const uint32_t* keys, int64_t size, DigitHist* h) {
+  for (int64_t i = 0; i < size; ++i) ++(*h)[keys[i] >> kTopShift];
+}
+
+// Growable, uninitialised (value, index) storage for one block's candidates.
+struct CandidateBuffer {
+  std::unique_ptr<float[]> value;
+  std::unique_ptr<int32_t[]> index;
+  int64_t size = 0;
+  int64_t capacity = 0;
+
+  void Reserve(int64_t want) {
+    if (want <= capacity) return;
+    const int64_t cap = std::max(want, 2 * capacity);
+    std::unique_ptr<float[]> v(new float[cap]);
+    std::unique_ptr<int32_t[]> i(new int32_t[cap]);
+    std::copy(value.get(), value.get() + size, v.get());
+    std::copy(index.get(), index.get() + size, i.get());
+    value = std::move(v);
+    index = std::move(i);
+    capacity = cap;
+  }
+};
+
+// Candidates hold the element's value (as float, exactly) as well as its
+// key, so that writing the selection reads the input again only for
+// mstopk's band when it has no lower end (WriteWholeBand). The
+// kernel keeps one Candidates between calls (the fresh pages of a few MB of
+// candidates cost more than the pass that fills them), up to kKeptBytes.
+struct Candidates {
+  std::vector<float> value;
+  std::vector<int32_t> index;
+  std::vector<CandidateBuffer> parts;  // per-block output of the compaction
+  std::vector<uint32_t> keys;          // the candidates' keys
+  DigitHist keys_top;                  // their top-digit histogram
+  std::vector<uint32_t> sample;        // the sampled keys
+  DigitHist sample_top;
+  std::vector<uint32_t> bucket;        // KthLargest's scratch
+
+  int64_t Bytes() const {
+    int64_t bytes = 4 * static_cast<int64_t>(value.capacity() +
+                                             index.capacity() +
+                                             keys.capacity() +
+                                             sample.capacity() +
+                                             bucket.capacity());
+    for (const CandidateBuffer& p : parts) bytes += 8 * p.capacity;
+    return bytes;
+  }
+};
+
+// What a kernel keeps between calls: after one call on a huge or
+// unfriendly input, more is released rather than kept for good.
+constexpr int64_t kKeptBytes = int64_t{64} << 20;
+
+// The Candidates an op kernel keeps between calls.
+class CandidateCache {
+ public:
+  // Lends the kept Candidates for one selection (a concurrent one gets
+  // fresh ones) and takes them back with their capacity, or fresh ones when
+  // they hold more than kKeptBytes.
+  class Lease {
+   public:
+    explicit Lease(CandidateCache* cache) : cache_(cache) {
+      std::lock_guard<std::mutex> lock(cache_->mu_);
+      cand_ = std::move(cache_->kept_);
+      if (cand_ == nullptr) cand_ = std::make_unique<Candidates>();
+    }
+    ~Lease() {
+      if (cand_->Bytes() > kKeptBytes) cand_ = std::make_unique<Candidates>();
+      std::lock_guard<std::mutex> lock(cache_->mu_);
+      cache_->kept_ = std::move(cand_);
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+
+    Candidates* get() { return cand_.get(); }
+
+   private:
+    CandidateCache* cache_;
+    std::unique_ptr<Candidates> cand_;
+  };
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<Candidates> kept_;
+};
+
+// The statistics of the definitions in top_k_sample_kernels.h.
+struct Stats {
+  float mean = 0.0f;
+  float max = 0.0f;
+  float diff = 0.0f;
+};
+
+// One pass over the input (top_k_sample_cpu_scan.cc): with a residual,
+// acc = gradient + residual is written; with `stats`, the statistics are
+// returned; every element whose key is >= s goes, in index order, into
+// `cand` (value, index, key and the keys' top-digit histogram). It runs in
+// chunks that stay in L1, so each chunk is read from memory once whatever
+// it does. `fraction` estimates the share that passes, to size the
+// per-block buffers.
+template <typename T>
+Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
+              uint32_t s, double fraction, Candidates* cand);
+
+// The plan of the selection of k elements of `in` (output_size elements in
+// threshold mode), 0 <= k <= n; writes acc with a residual. Leaves in
+// `cand` what WriteSelection reads (top_k_sample_cpu.cc).
+template <typename T>
+SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
+                            int64_t k, TopKSampleMode mode, int rounds,
+                            int64_t seed, Candidates* cand);
+
+// Writes the plan's selection (plan.output_size > 0 entries) in index
+// order: values and int32 indices, and zeroes those positions of acc with a
+// residual. An internal error if it selected another number of elements.
+template <typename T>
+absl::Status WriteSelection(const TopKSampleInput<T>& in,
+                            const SelectionPlan& plan, Candidates* cand,
+                            T* values, int32_t* indices);
+
+}  // namespace cpu
+}  // namespace tfgc
+
+#endif  // TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_CPU_H_

@@ -1,0 +1,298 @@
+// Copyright 2026 The tfgc Authors.
+//
+// The one pass of TopKSample's CPU selection over its input (Compact,
+// top_k_sample_cpu.h): the statistics of the finite keys, acc = gradient +
+// residual in the residual variant, and the compaction of every element
+// whose key reaches a floor, in chunks that stay in L1 and in fixed blocks
+// on the intra-op thread pool. The statistics and the compaction have AVX2
+// versions (simd.h), chosen at run time, that read float32, float16 (F16C)
+// and bfloat16 directly, eight keys per instruction; both versions give the
+// same results.
+
+#define EIGEN_USE_THREADS
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "custom_ops/cc/kernels/kernel_utils.h"
+#include "custom_ops/cc/kernels/parallel.h"
+#include "custom_ops/cc/kernels/simd.h"
+#include "custom_ops/cc/kernels/top_k_sample_cpu.h"
+#include "custom_ops/cc/kernels/top_k_sample_kernels.h"
+
+namespace tfgc {
+namespace cpu {
+namespace {
+
+// A finite key as the float32 magnitude that the statistics add: 0 when it
+// is subnormal.
+inline float StatsMagnitude(uint32_t key) {
+  const uint32_t bits = key < kMinNormalKey ? 0 : key;
+  float a;
+  std::memcpy(&a, &bits, sizeof(a));
+  return a;
+}
+
+struct BlockStats {
+  double sum = 0.0;
+  float max = 0.0f;
+  int64_t finite = 0;
+};
+
+// Adds element key `key` to the lane's sum and to the max and count.
+inline void AccumulateKey(uint32_t key, double* sum, float* mx,
+                          int64_t* finite) {
+  const bool ok = key < kInfKey;
+  const float a = ok ? StatsMagnitude(key) : 0.0f;  // 0 or normal
+  *sum += a;
+  *mx = a > *mx ? a : *mx;
+  *finite += ok;
+}
+
+template <typename T>
+inline void AccumulateScalar(const T* x, int64_t begin, int64_t end,
+                             BlockStats* out) {
+  double sum[4] = {0.0, 0.0, 0.0, 0.0};
+  float mx = 0.0f;
+  int64_t finite = 0;
+  int64_t i = begin;
+  for (; i + 4 <= end; i += 4) {
+    for (int l = 0; l < 4; ++l) {
+      AccumulateKey(ElementKey(x[i + l]), &sum[l], &mx, &finite);
+    }
+  }
+  for (; i < end; ++i) AccumulateKey(ElementKey(x[i]), &sum[0], &mx, &finite);
+  out->sum = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+  out->max = mx;
+  out->finite = finite;
+}
+
+#if TFGC_HAVE_AVX2_PATH
+// The keys of x[0..8) (min_epi32: NaN patterns are above +inf's).
+template <typename T>
+TFGC_AVX2 inline __m256i LoadKey8(const T* p) {
+  const __m256i bits = _mm256_castps_si256(LoadMagnitude8(p));
+  return _mm256_min_epi32(bits, _mm256_set1_epi32(kInfKey));
+}
+
+// Lanes of `key` that are finite (all ones) and, in `*use`, the finite
+// keys as the statistics add them: subnormal ones as 0.
+TFGC_AVX2 inline __m256i FiniteKeys8(__m256i key, __m256* use) {
+  const __m256i finite =
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(kInfKey), key);
+  const __m256i normal =
+      _mm256_cmpgt_epi32(key, _mm256_set1_epi32(kMinNormalKey - 1));
+  *use = _mm256_castsi256_ps(
+      _mm256_and_si256(key, _mm256_and_si256(finite, normal)));
+  return finite;
+}
+
+// Statistics sixteen keys at a time: finite keys masked in, widened to
+// double in four accumulators (fixed lane order: deterministic).
+template <typename T>
+TFGC_AVX2 void AccumulateAvx2(const T* x, int64_t begin, int64_t end,
+                              BlockStats* out) {
+  __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+  __m256d s2 = _mm256_setzero_pd(), s3 = _mm256_setzero_pd();
+  __m256 mx = _mm256_setzero_ps();
+  __m256i cnt = _mm256_setzero_si256();
+  int64_t i = begin;
+  for (; i + 16 <= end; i += 16) {
+    __m256 ma, mb;  // 0 or normal: no float mode changes sums or maxima
+    const __m256i fa = FiniteKeys8(LoadKey8(x + i), &ma);
+    const __m256i fb = FiniteKeys8(LoadKey8(x + i + 8), &mb);
+    s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(ma)));
+    s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(ma, 1)));
+    s2 = _mm256_add_pd(s2, _mm256_cvtps_pd(_mm256_castps256_ps128(mb)));
+    s3 = _mm256_add_pd(s3, _mm256_cvtps_pd(_mm256_extractf128_ps(mb, 1)));
+    mx = _mm256_max_ps(mx, _mm256_max_ps(ma, mb));
+    cnt = _mm256_sub_epi32(cnt, fa);
+    cnt = _mm256_sub_epi32(cnt, fb);
+  }
+  alignas(32) double d[16];
+  _mm256_store_pd(d, s0);
+  _mm256_store_pd(d + 4, s1);
+  _mm256_store_pd(d + 8, s2);
+  _mm256_store_pd(d + 12, s3);
+  alignas(32) float m[8];
+  _mm256_store_ps(m, mx);
+  BlockStats tail;
+  AccumulateScalar(x + i, 0, end - i, &tail);  // < 16 keys left
+  double sum = tail.sum;
+  for (double v : d) sum += v;
+  float mxs = tail.max;
+  for (float v : m) mxs = std::max(mxs, v);
+  out->sum = sum;
+  out->max = mxs;
+  out->finite = tail.finite + HorizontalSum(cnt);
+}
+#endif  // TFGC_HAVE_AVX2_PATH
+
+template <typename T>
+inline void Accumulate(const T* x, int64_t begin, int64_t end,
+                       BlockStats* out) {
+#if TFGC_HAVE_AVX2_PATH
+  if (UseAvx2()) return AccumulateAvx2(x, begin, end, out);
+#endif
+  AccumulateScalar(x, begin, end, out);
+}
+
+Stats Combine(const std::vector<BlockStats>& parts) {
+  double sum = 0.0;
+  float mx = 0.0f;
+  int64_t finite = 0;
+  for (const BlockStats& p : parts) {
+    sum += p.sum;
+    mx = std::max(mx, p.max);
+    finite += p.finite;
+  }
+  Stats s;
+  s.mean = Mean(sum, finite);
+  s.max = finite > 0 ? mx : 0.0f;
+  s.diff = Diff(s.max, s.mean);
+  return s;
+}
+
+// Appends element i (value v) to the candidates.
+inline void Append(float v, int64_t i, CandidateBuffer* part) {
+  part->value[part->size] = v;
+  part->index[part->size] = static_cast<int32_t>(i);
+  ++part->size;
+}
+
+// Appends the elements of x[begin, end) whose key is >= s to `part`, in
+// index order. The caller reserved room for every element of the range.
+template <typename T>
+void AppendAtLeastScalar(const T* x, int64_t begin, int64_t end, uint32_t s,
+                         CandidateBuffer* part) {
+  for (int64_t i = begin; i < end; ++i) {
+    const float v = static_cast<float>(x[i]);
+    if (KeyOf(v) >= s) Append(v, i, part);
+  }
+}
+
+#if TFGC_HAVE_AVX2_PATH
+// AppendAtLeastScalar eight keys per compare, branch-free: the passing
+// lanes are permuted to the front and all eight stored, and the size grows
+// by their number, so `part` needs 8 slots of slack.
+template <typename T>
+TFGC_AVX2 void AppendAtLeastAvx2(const T* x, int64_t begin, int64_t end,
+                                 uint32_t s, CandidateBuffer* part) {
+  // Keys are at most 0x7f800000, so signed compares order them, and
+  // key >= s is key > s - 1 (s - 1 = -1 when s = 0: every key passes).
+  const __m256i below = _mm256_set1_epi32(static_cast<int32_t>(s - 1));
+  const LeftPackTable& pack = LeftPack();
+  float* out_value = part->value.get();
+  int32_t* out_index = part->index.get();
+  int64_t size = part->size;
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256 raw = LoadFloat8(x + i);
+    const __m256i key = _mm256_min_epi32(_mm256_castps_si256(Abs8(raw)),
+                                         _mm256_set1_epi32(kInfKey));
+    const int bits = _mm256_movemask_ps(
+        _mm256_castsi256_ps(_mm256_cmpgt_epi32(key, below)));
+    const __m256i lanes = _mm256_load_si256(
+        reinterpret_cast<const __m256i*>(pack.lanes[bits]));
+    _mm256_storeu_ps(out_value + size, _mm256_permutevar8x32_ps(raw, lanes));
+    _mm256_storeu_si256(
+        reinterpret_cast<__m256i*>(out_index + size),
+        _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int32_t>(i))));
+    size += __builtin_popcount(bits);
+  }
+  part->size = size;
+  AppendAtLeastScalar(x, i, end, s, part);  // < 8 left
+}
+#endif  // TFGC_HAVE_AVX2_PATH
+
+template <typename T>
+void AppendAtLeast(const T* x, int64_t begin, int64_t end, uint32_t s,
+                   CandidateBuffer* part) {
+#if TFGC_HAVE_AVX2_PATH
+  if (UseAvx2()) return AppendAtLeastAvx2(x, begin, end, s, part);
+#endif
+  AppendAtLeastScalar(x, begin, end, s, part);
+}
+
+}  // namespace
+
+template <typename T>
+Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
+              uint32_t s, double fraction, Candidates* cand) {
+  const int64_t n = in.n;
+  Blocks blocks(n, NumThreads(ctx));
+  std::vector<CandidateBuffer>& parts = cand->parts;
+  if (static_cast<int64_t>(parts.size()) < blocks.count()) {
+    parts.resize(blocks.count());
+  }
+  std::vector<BlockStats> block_stats(blocks.count());
+  ForEachBlock(ctx, blocks, [&](int64_t b) {
+    CandidateBuffer& part = parts[b];
+    part.size = 0;
+    const int64_t begin = blocks.begin(b);
+    const int64_t end = blocks.end(b);
+    // Chunks also bound what one call may append (plus the AVX2 path's
+    // slack); the buffer grows between them.
+    constexpr int64_t kChunk = 2048;
+    part.Reserve(static_cast<int64_t>(
+        1.25 * fraction * static_cast<double>(end - begin) + kChunk + 8));
+    BlockStats total;
+    for (int64_t c = begin; c < end; c += kChunk) {
+      const int64_t ce = std::min(end, c + kChunk);
+      if (in.residual != nullptr) {
+        for (int64_t i = c; i < ce; ++i) in.acc[i] = in[i];
+      }
+      const T* x = in.data();
+      if (stats) {
+        BlockStats chunk;
+        Accumulate(x, c, ce, &chunk);
+        total.sum += chunk.sum;
+        total.max = std::max(total.max, chunk.max);
+        total.finite += chunk.finite;
+      }
+      part.Reserve(part.size + (ce - c) + 8);
+      AppendAtLeast(x, c, ce, s, &part);
+    }
+    block_stats[b] = total;
+  });
+  std::vector<int64_t> offsets(blocks.count() + 1, 0);
+  for (int64_t b = 0; b < blocks.count(); ++b) {
+    offsets[b + 1] = offsets[b] + parts[b].size;
+  }
+  const int64_t size = offsets.back();
+  cand->value.resize(size);
+  cand->index.resize(size);
+  cand->keys.resize(size);
+  std::vector<DigitHist> hists(blocks.count());
+  ForEachBlock(ctx, blocks, [&](int64_t b) {
+    const CandidateBuffer& part = parts[b];
+    const int64_t o = offsets[b];
+    std::copy(part.value.get(), part.value.get() + part.size,
+              cand->value.data() + o);
+    std::copy(part.index.get(), part.index.get() + part.size,
+              cand->index.data() + o);
+    uint32_t* keys = cand->keys.data() + o;
+    std::transform(part.value.get(), part.value.get() + part.size, keys,
+                   [](float v) { return KeyOf(v); });
+    hists[b].fill(0);
+    AddToHist(keys, part.size, &hists[b]);
+  });
+  cand->keys_top.fill(0);
+  for (const DigitHist& h : hists) {
+    for (size_t d = 0; d < h.size(); ++d) cand->keys_top[d] += h[d];
+  }
+  return stats ? Combine(block_stats) : Stats();
+}
+
+template Stats Compact(OpKernelContext*, const TopKSampleInput<float>&, bool,
+                       uint32_t, double, Candidates*);
+template Stats Compact(OpKernelContext*, const TopKSampleInput<Eigen::half>&,
+                       bool, uint32_t, double, Candidates*);
+template Stats Compact(OpKernelContext*,
+                       const TopKSampleInput<Eigen::bfloat16>&, bool,
+                       uint32_t, double, Candidates*);
+
+}  // namespace cpu
+}  // namespace tfgc
