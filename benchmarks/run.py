@@ -4,6 +4,8 @@
     .venv/bin/python -m benchmarks.run --preset smoke --out /tmp/lab
     .venv/bin/python -m benchmarks.run --preset smoke --localhost
     .venv/bin/python -m benchmarks.run --cleanup
+    sudo .venv/bin/python -m benchmarks.run --preset costmodel
+    .venv/bin/python -m benchmarks.run --refit docs/benchmarks/costmodel.json
 
 Each run makes `--hosts` network namespaces behind a bridge, shapes every
 host's link both ways (`benchmarks/lab/netns.py`), starts
@@ -11,10 +13,14 @@ host's link both ways (`benchmarks/lab/netns.py`), starts
 (`benchmarks/lab/worker.py`), and times dense fp32, dense fp16, every
 `--compressors` entry and the no-communication floor in the same run. A
 comma list of rates or latencies is a sweep: one run, one fresh testbed,
-per pair. Results go to `--out` as `<preset>.json`, `<preset>.md` and
-plots (`benchmarks/lab/report.py`). Everything created is removed on
-success, failure, timeout, Ctrl-C and SIGTERM; `--cleanup` removes what a
-killed run left. Flags given with `--preset` override the preset's.
+per pair, and a comma list of `--hosts` sweeps the host count. `--fit`
+fits the cost model of `benchmarks/lab/cost_fit.py` to the sweep's
+points, checks it on the `--holdout` host counts and predicts larger
+clusters; `--refit` does that again on a saved JSON. Results go to
+`--out` as `<preset>.json`, `<preset>.md` and plots
+(`benchmarks/lab/report.py`). Everything created is removed on success,
+failure, timeout, Ctrl-C and SIGTERM; `--cleanup` removes what a killed
+run left. Flags given with `--preset` override the preset's.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.lab import cluster, netns, report, tcprate
+from benchmarks.lab import cluster, cost_fit, netns, report, tcprate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(REPO, "docs", "benchmarks")
@@ -86,6 +92,30 @@ PRESETS = {
         "warmup": 2,
         "timeout": 1500,
     },
+    # Item 7 of issue 12: points for the fitted cost model; the 3-host
+    # runs are held out and predicted from the 2- and 4-host fit.
+    "costmodel": {
+        "hosts": "2,3,4",
+        "rate": "1gbit,10gbit",
+        "model": "standin-small",
+        "compressors": "topk:0.001 topk:0.1",
+        "steps": 20,
+        "warmup": 2,
+        "timeout": 1800,
+        "fit": True,
+        "holdout": "3",
+    },
+    # Item 5: tfgc's fused collectives vs one collective per tensor.
+    "fusion": {
+        "hosts": 4,
+        "rate": "1gbit",
+        "model": "standin-small",
+        "compressors": "topk:0.001",
+        "steps": 20,
+        "warmup": 2,
+        "timeout": 600,
+        "per_tensor": True,
+    },
 }
 DEFAULTS = {
     "hosts": 2,
@@ -98,6 +128,9 @@ DEFAULTS = {
     "warmup": 2,
     "timeout": 900,
     "check_rate": False,
+    "fit": False,
+    "holdout": "3",
+    "per_tensor": False,
 }
 
 
@@ -138,9 +171,11 @@ def parse_compressor(text: str) -> dict:
     }
 
 
-def cases(compressors: str) -> list[dict]:
-    """Dense fp32 and fp16, the compressors, the floor, then each
-    compressor in the floor's local step (its compute overhead)."""
+def cases(compressors: str, per_tensor: bool = False) -> list[dict]:
+    """Dense fp32 and fp16, the compressors (with `per_tensor`, each also
+    with a collective per tensor instead of tfgc's fused ones), the floor,
+    then each compressor in the floor's local step (its compute
+    overhead)."""
     fp16 = {
         "name": "dense fp16",
         "kind": "compressed",
@@ -153,9 +188,15 @@ def cases(compressors: str) -> list[dict]:
         dict(c, name=f"{c['name']}, no communication", kind="local_compressed")
         for c in listed
     ]
+    unfused = [
+        dict(c, name=f"{c['name']}, per tensor", kind="compressed_per_tensor")
+        for c in listed
+        if per_tensor
+    ]
     return (
         [{"name": "dense fp32", "kind": "dense_fp32"}, fp16]
         + listed
+        + unfused
         + [{"name": "no communication", "kind": "floor"}]
         + local
     )
@@ -183,12 +224,14 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def run_once(args, rate: str | None, latency: str, deadline: float) -> dict:
+def run_once(
+    args, hosts: int, rate: str | None, latency: str, deadline: float
+) -> dict:
     """One testbed (or loopback), one set of workers, every case."""
-    hosts, per_host = args.hosts, args.workers_per_host
+    per_host = args.workers_per_host
     spec = {
         "model": args.model,
-        "cases": cases(args.compressors),
+        "cases": cases(args.compressors, args.per_tensor),
         "steps": args.steps,
         "warmup": args.warmup,
     }
@@ -279,9 +322,11 @@ def _parser() -> argparse.ArgumentParser:
         "--preset",
         choices=sorted(PRESETS),
         help="smoke: CI's 2-host check of the lab; 1gbit, 10gbit: 4 hosts, "
-        "the stand-in; lstm-1gbit, resnet50-1gbit: 4 hosts, those models",
+        "the stand-in; lstm-1gbit, resnet50-1gbit: 4 hosts, those models; "
+        "costmodel: 2, 3 and 4 hosts at 1 and 10 Gbit/s and the fit; "
+        "fusion: fused vs one collective per tensor",
     )
-    parser.add_argument("--hosts", type=int)
+    parser.add_argument("--hosts", help="hosts, e.g. 4; a comma list sweeps")
     parser.add_argument("--workers_per_host", type=int)
     parser.add_argument("--rate", help="per host and direction, e.g. 1gbit; "
                         "a comma list sweeps")  # fmt: skip
@@ -313,6 +358,27 @@ def _parser() -> argparse.ArgumentParser:
         help="no namespaces, no shaping: workers on 127.0.0.1 (no root "
         "needed; no bytes on the wire)",
     )
+    parser.add_argument(
+        "--per_tensor",
+        action=argparse.BooleanOptionalAction,
+        help="also run each compressor with one collective per tensor "
+        "(one CompressedOptimizer per variable) against tfgc's fusion",
+    )
+    parser.add_argument(
+        "--fit",
+        action=argparse.BooleanOptionalAction,
+        help="fit the cost model to the sweep, validate it on --holdout "
+        "and predict 8 to 128 workers at 1 to 100 Gbit/s",
+    )
+    parser.add_argument(
+        "--holdout", help="host counts left out of the fit, e.g. 3"
+    )
+    parser.add_argument(
+        "--refit",
+        metavar="JSON",
+        help="fit a saved result (e.g. docs/benchmarks/costmodel.json) "
+        "again and rewrite its files in --out; measures nothing",
+    )
     parser.add_argument("--out", default=DEFAULT_OUT)
     parser.add_argument(
         "--cleanup",
@@ -343,8 +409,14 @@ def main(argv: list[str] | None = None) -> int:
         removed = netns.cleanup_leftovers()
         print(f"[lab] removed {len(removed)}: {' '.join(removed) or '-'}")
         return 0
+    if args.refit:
+        return _refit(args, argv)
     args = _settings(args)
     try:
+        host_counts = _int_list(args.hosts, "hosts")
+        holdout = _int_list(args.holdout, "holdout") if args.fit else []
+        if args.fit:
+            cost_fit.split_hosts(host_counts, holdout)
         rates = [r for r in args.rate.split(",") if r]
         latencies = [x for x in args.latency.split(",") if x]
         for r in rates:
@@ -354,7 +426,10 @@ def main(argv: list[str] | None = None) -> int:
         cases(args.compressors)
     except ValueError as err:
         parser.error(str(err))
-    if not 1 <= args.hosts <= netns.MAX_HOSTS or args.workers_per_host < 1:
+    if (
+        not all(1 <= h <= netns.MAX_HOSTS for h in host_counts)
+        or args.workers_per_host < 1
+    ):
         parser.error("--hosts must be in [1, 99], --workers_per_host >= 1")
     if not args.localhost and not netns.have_net_admin():
         print(netns.no_privilege_message(), file=sys.stderr)
@@ -368,26 +443,30 @@ def main(argv: list[str] | None = None) -> int:
     }
     start = time.monotonic()
     deadline = start + args.timeout
-    grid = (
-        [(None, "0")]
-        if args.localhost
-        else [(r, x) for r in rates for x in latencies]
-    )
+    grid = [
+        (h, r, x)
+        for h in host_counts
+        for r, x in (
+            [(None, "0")]
+            if args.localhost
+            else [(r, x) for r in rates for x in latencies]
+        )
+    ]
     command = "python -m benchmarks.run " + shlex.join(argv)
     runs = []
     code = 0
     try:
-        for i, (rate, latency) in enumerate(grid):
+        for i, (hosts, rate, latency) in enumerate(grid):
             print(
-                f"[lab] run {i + 1}/{len(grid)}: {args.hosts} hosts x "
+                f"[lab] run {i + 1}/{len(grid)}: {hosts} hosts x "
                 f"{args.workers_per_host} worker(s), rate {rate or 'unshaped'},"
                 f" latency {latency}, {args.model}, "
-                f"{len(cases(args.compressors))} cases, "
+                f"{len(cases(args.compressors, args.per_tensor))} cases, "
                 f"{deadline - time.monotonic():.0f} s left",
                 flush=True,
             )
             t0 = time.monotonic()
-            runs.append(run_once(args, rate, latency, deadline))
+            runs.append(run_once(args, hosts, rate, latency, deadline))
             print(
                 f"[lab] run {i + 1}/{len(grid)} done in "
                 f"{time.monotonic() - t0:.0f} s",
@@ -426,7 +505,42 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.monotonic() - start, 1),
         "runs": runs,
     }
+    if args.fit:
+        try:
+            results["cost_model"] = cost_fit.analyse(results, holdout)
+        except (ValueError, ArithmeticError) as err:
+            # The measurements are still written: --refit can try again.
+            print(f"[lab] fit failed: {err}", file=sys.stderr)
+            code = EXIT_FAILED
     paths = report.write(results, args.out, args.preset or "custom")
+    print(f"[lab] wrote {', '.join(paths)}")
+    return code
+
+
+def _int_list(text, name: str) -> list[int]:
+    try:
+        return [int(h) for h in str(text).split(",") if h]
+    except ValueError:
+        raise ValueError(
+            f"`{name}` must be a comma list of integers. Received: "
+            f"{name}={text!r}"
+        ) from None
+
+
+def _refit(args, argv: list[str]) -> int:
+    """Fits a saved sweep again (after a change to the fit, or another
+    --holdout) and rewrites its files; the measurements stay as they were."""
+    with open(args.refit) as f:
+        results = json.load(f)
+    holdout = _int_list(
+        args.holdout or results["settings"].get("holdout", "3"), "holdout"
+    )
+    results["cost_model"] = cost_fit.analyse(results, holdout)
+    results["cost_model"]["command"] = "python -m benchmarks.run " + (
+        shlex.join(argv)
+    )
+    stem = os.path.splitext(os.path.basename(args.refit))[0]
+    paths = report.write(results, args.out, stem)
     print(f"[lab] wrote {', '.join(paths)}")
     return 0
 

@@ -8,9 +8,11 @@ import statistics
 import textwrap
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 
 def summarize(per_worker: list[dict], hosts: int, per_host: int, steps: int):
@@ -136,8 +138,142 @@ def markdown(results: dict, plots: list[str]) -> str:
                 "floor's, no communication): " + "; ".join(overheads) + ".",
             ]
     lines.append("")
-    lines += [f"![{p}]({p})" for p in plots]
+    lines += [f"![{p}]({p})" for p in plots if "_fit_" not in p]
+    if results.get("cost_model"):
+        lines += cost_model_markdown(results["cost_model"], plots)
     return "\n".join(lines) + "\n"
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:,.1f}"
+
+
+def _density(d) -> str:
+    return "never" if d is None else "any" if d >= 1 else f"{d:.3g}"
+
+
+def cost_model_markdown(model: dict, plots: list[str]) -> list[str]:
+    """The fitted parameters, the held-out error, the predicted grid."""
+    f = model["fitted"]
+    held, fit = model["held_out_summary"], model["in_fit_summary"]
+    lines = [
+        "",
+        "## Cost model (benchmarks/lab/cost_fit.py)",
+        "",
+        f"Fitted on the runs of {_hosts(model['fit_hosts'])}, checked on "
+        f"the held-out runs of {_hosts(model['holdout_hosts'])}"
+        + (
+            f" (fit again by `{model['command']}`)"
+            if "command" in model
+            else ""
+        )
+        + ". step = compute N + select N + sent k + overhead + ring steps "
+        "x alpha + bytes x headers x (8 / rate + host time per byte), "
+        "for N "
+        "parameters, k sent elements, 2 (p - 1) ring steps of an "
+        "all-reduce and p - 1 of an all-gather.",
+        "",
+        "| parameter | fitted |",
+        "|---|---|",
+        f"| compute per parameter | {f['compute_time'] * 1e9:.2f} ns |",
+    ]
+    for name in f["select_time"]:
+        lines += [
+            f"| {name}: select per element | "
+            f"{f['select_time'][name] * 1e9:.2f} ns |",
+            f"| {name}: per sent element | "
+            f"{f['sent_time'][name] * 1e9:.1f} ns |",
+        ]
+    lines += [
+        f"| distributed step overhead | {_ms(f['overhead'])} ms |",
+    ]
+    lines += [
+        f"| alpha per ring step, {name} | {_ms(alpha)} ms |"
+        for name, alpha in f["latency"].items()
+    ]
+    lines += [
+        f"| host time per byte on the wire | "
+        f"{f['host_byte_time'] * 1e9:.2f} ns |",
+        f"| headers (measured / analytic bytes) | {f['header_overhead']:.4f} |",
+        "",
+        f"Prediction error, held out: median {held['median_abs_error_pct']:.0f}"
+        f" %, max {held['max_abs_error_pct']:.0f} % over {held['points']} "
+        f"points; in the fit: median {fit['median_abs_error_pct']:.0f} %, "
+        f"max {fit['max_abs_error_pct']:.0f} % over {fit['points']}.",
+        "",
+        "| held out | case | measured ms | predicted ms | error |",
+        "|---|---|---|---|---|",
+    ]
+    for r in model["held_out"]:
+        lines.append(
+            f"| {r['hosts']} hosts, {r['rate_gbit']:g} Gbit/s | {r['case']} "
+            f"| {_ms(r['measured_s'])} | {_ms(r['predicted_s'])} | "
+            f"{r['error_pct']:+.0f} % |"
+        )
+    if model.get("other_ops"):
+        lines += [
+            "",
+            "Not counted: these runs had the compiled custom ops "
+            f"{'not ' if model['custom_ops'] else ''}loaded, unlike the "
+            "others, so they time another implementation of the "
+            "compressor (the pure-TF fallback, or the compiled one).",
+            "",
+            "| not counted | case | measured ms | predicted ms | error |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['hosts']} hosts, {r['rate_gbit']:g} Gbit/s | {r['case']} "
+            f"| {_ms(r['measured_s'])} | {_ms(r['predicted_s'])} | "
+            f"{r['error_pct']:+.0f} % |"
+            for r in model["other_ops"]
+        ]
+    names = list(model["predictions"][0]["step_s"])
+    lines += [
+        "",
+        f"Predicted for the same model ({model['params'] / 1e6:.1f} M "
+        "parameters), one worker per host: step time in ms (speed-up vs "
+        "dense fp32).",
+        "",
+        "| workers | Gbit/s | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for p in model["predictions"]:
+        cells = [
+            f"{_ms(p['step_s'][n])} ({p['speedup_vs_fp32'][n]:.2f}x)"
+            for n in names
+        ]
+        lines.append(
+            f"| {p['workers']} | {p['rate_gbit']:g} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    rates = sorted({c["rate_gbit"] for c in model["crossover"]})
+    for compressor in dict.fromkeys(
+        c["compressor"] for c in model["crossover"]
+    ):
+        mine = [c for c in model["crossover"] if c["compressor"] == compressor]
+        lines += [
+            "",
+            f"Crossover density of {compressor}: below it the sparse "
+            "all-gather step beats the dense fp32 all-reduce step "
+            "(never: not even at density 0, the selection costs more; any: "
+            "even at density 1, its fewer ring steps win).",
+            "",
+            "| workers | " + " | ".join(f"{r:g} Gbit/s" for r in rates) + " |",
+            "|---|" + "---|" * len(rates),
+        ]
+        for w in dict.fromkeys(c["workers"] for c in mine):
+            by_rate = {
+                c["rate_gbit"]: c["density"] for c in mine if c["workers"] == w
+            }
+            lines.append(
+                f"| {w} | "
+                + " | ".join(_density(by_rate[r]) for r in rates)
+                + " |"
+            )
+    lines.append("")
+    lines += [f"![{p}]({p})" for p in plots if "_fit_" in p]
+    return lines
 
 
 def _wrap(names: list[str]) -> list[str]:
@@ -146,7 +282,16 @@ def _wrap(names: list[str]) -> list[str]:
 
 
 def _label(run: dict) -> str:
-    return f"{run['rate'] or 'localhost'}, latency {run['latency']}"
+    return (
+        f"{run['hosts']} hosts, {run['rate'] or 'localhost'}, "
+        f"latency {run['latency']}"
+    )
+
+
+def _save(fig, path: str) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def plot_step_times(results: dict, path: str) -> None:
@@ -169,9 +314,7 @@ def plot_step_times(results: dict, path: str) -> None:
     ax.set_yscale("log")
     ax.legend()
     ax.set_title("Step time per case")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_bytes(results: dict, path: str) -> None:
@@ -196,15 +339,16 @@ def plot_bytes(results: dict, path: str) -> None:
     ax.set_ylabel("bytes sent per step per host")
     ax.set_title(f"Bytes on the wire ({_label(run)})")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_speedup_vs_rate(results: dict, path: str) -> None:
     from benchmarks.lab.netns import parse_rate
 
     runs = [r for r in results["runs"] if r["rate"]]
+    # One line per case: the runs of one host count (the largest).
+    hosts = max(r["hosts"] for r in runs)
+    runs = [r for r in runs if r["hosts"] == hosts]
     fig, ax = plt.subplots(figsize=(6, 4))
     for j, name in enumerate(r["name"] for r in runs[0]["cases"]):
         rates = [parse_rate(r["rate"]) / 1e9 for r in runs]
@@ -217,10 +361,94 @@ def plot_speedup_vs_rate(results: dict, path: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("link rate (Gbit/s)")
     ax.set_ylabel("speed-up vs dense fp32")
+    ax.set_title(f"{hosts} hosts")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
+
+
+def _hosts(counts: list[int]) -> str:
+    return ", ".join(map(str, counts)) + " hosts"
+
+
+def plot_fit(model: dict, path: str) -> None:
+    """Predicted vs measured step time, in the fit and held out."""
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for key, marker, label in (
+        ("in_fit", "o", f"fit ({_hosts(model['fit_hosts'])})"),
+        ("held_out", "s", f"held out ({_hosts(model['holdout_hosts'])})"),
+    ):
+        rows = model[key]
+        ax.scatter(
+            [r["measured_s"] * 1e3 for r in rows],
+            [r["predicted_s"] * 1e3 for r in rows],
+            marker=marker,
+            label=label,
+        )
+    every = [r["measured_s"] * 1e3 for r in model["in_fit"] + model["held_out"]]
+    lo, hi = min(every) / 1.5, max(every) * 1.5
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")  # errors as ratios
+    ax.set_xlabel("measured step (ms)")
+    ax.set_ylabel("predicted step (ms)")
+    ax.legend()
+    _save(fig, path)
+
+
+def plot_predicted_speedup(model: dict, path: str) -> None:
+    """Predicted speed-up vs dense fp32 per compressor over the rate."""
+    names = [n for n in model["predictions"][0]["step_s"] if n != "dense fp32"]
+    fig, axes = plt.subplots(
+        1, len(names), figsize=(4 * len(names), 3.6), sharey=True
+    )
+    for ax, name in zip(np.atleast_1d(axes), names):
+        for w in dict.fromkeys(p["workers"] for p in model["predictions"]):
+            mine = [p for p in model["predictions"] if p["workers"] == w]
+            ax.plot(
+                [p["rate_gbit"] for p in mine],
+                [p["speedup_vs_fp32"][name] for p in mine],
+                "o-",
+                label=f"{w} workers",
+            )
+        ax.axhline(1, color="k", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.set_xlabel("link rate (Gbit/s)")
+        ax.set_title(name)
+    np.atleast_1d(axes)[0].set_ylabel("predicted speed-up vs dense fp32")
+    np.atleast_1d(axes)[0].legend(fontsize=8)
+    _save(fig, path)
+
+
+def plot_crossover(model: dict, path: str) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for compressor in dict.fromkeys(
+        c["compressor"] for c in model["crossover"]
+    ):
+        for w in dict.fromkeys(c["workers"] for c in model["crossover"]):
+            mine = [
+                c
+                for c in model["crossover"]
+                if c["workers"] == w and c["compressor"] == compressor
+            ]
+            ax.plot(
+                [c["rate_gbit"] for c in mine],
+                [
+                    np.nan if c["density"] is None else c["density"]
+                    for c in mine
+                ],
+                "o-",
+                label=f"{compressor}, {w} workers",
+            )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("link rate (Gbit/s)")
+    ax.set_ylabel("crossover density")
+    ax.set_title("Sparse all-gather beats dense all-reduce below")
+    ax.legend(fontsize=8)
+    _save(fig, path)
 
 
 def write(results: dict, out: str, stem: str) -> list[str]:
@@ -234,6 +462,14 @@ def write(results: dict, out: str, stem: str) -> list[str]:
     if len({r["rate"] for r in results["runs"]}) > 1:
         plots.append(f"{stem}_speedup_vs_rate.png")
         plot_speedup_vs_rate(results, os.path.join(out, plots[-1]))
+    if results.get("cost_model"):
+        for suffix, plot in (
+            ("fit_validation", plot_fit),
+            ("fit_predicted_speedup", plot_predicted_speedup),
+            ("fit_crossover", plot_crossover),
+        ):
+            plots.append(f"{stem}_{suffix}.png")
+            plot(results["cost_model"], os.path.join(out, plots[-1]))
     paths = [os.path.join(out, f"{stem}.json"), os.path.join(out, f"{stem}.md")]
     with open(paths[0], "w") as f:
         json.dump(results, f, indent=1)

@@ -8,6 +8,8 @@ process under one MultiWorkerMirroredStrategy (a second strategy in a
 process would reuse collective keys):
 - `dense_fp32`: the plain Keras optimizer, which all-reduces fp32;
 - `compressed`: `tfgc.CompressedOptimizer` with the case's compressor;
+- `compressed_per_tensor`: the same with one optimizer per variable, so
+  one collective per tensor instead of tfgc's fused ones (`PerTensor`);
 - `floor`: the same model and step outside the strategy, no collective;
 - `local_compressed`: the floor's step through `CompressedOptimizer`,
   which compresses and decompresses without communicating (one worker).
@@ -40,7 +42,8 @@ BATCH = {
     "resnet50": 2,  # 224 x 224 images: small enough for 2 cores
 }
 LEARNING_RATE = 1e-3
-COMPRESSED = ("compressed", "local_compressed")
+PER_TENSOR = "compressed_per_tensor"
+COMPRESSED = ("compressed", "local_compressed", PER_TENSOR)
 LOCAL = ("floor", "local_compressed")
 
 
@@ -108,6 +111,41 @@ def make_optimizer(case: dict):
     )
 
 
+class PerTensor:
+    """One `CompressedOptimizer` per variable, applied one after another:
+    a collective per tensor where one optimizer fuses them all. tfgc has
+    no switch that turns its fusion off, so the lab builds this from the
+    public API."""
+
+    def __init__(self, case: dict):
+        self.case = case
+        self.parts = []
+
+    def build(self, variables) -> None:
+        self.parts = [make_optimizer(self.case) for _ in variables]
+        for part, variable in zip(self.parts, variables):
+            part.build([variable])
+
+    @property
+    def compressor(self):
+        return self.parts[0].compressor
+
+    @property
+    def min_compress_size(self):
+        return self.parts[0].min_compress_size
+
+    def apply(self, grads, variables) -> None:
+        for part, grad, variable in zip(self.parts, grads, variables):
+            part.apply([grad], [variable])
+
+    def compression_stats(self) -> dict:
+        stats = [part.compression_stats() for part in self.parts]
+        return {
+            key: sum(s[key] for s in stats)
+            for key in ("sent_bytes", "overhead_bytes", "dense_bytes")
+        }
+
+
 def analytic_bytes(case: dict, optimizer, variables, workers: int) -> dict:
     """Payload bytes per step per worker as tfgc states them, and times
     each collective's transport factor: what the wire should carry."""
@@ -115,7 +153,7 @@ def analytic_bytes(case: dict, optimizer, variables, workers: int) -> dict:
     for v in variables:
         shape, dtype = tuple(v.shape), tf.as_dtype(v.dtype)
         size = int(np.prod(shape))
-        if case["kind"] == "compressed":
+        if case["kind"] in ("compressed", PER_TENSOR):
             compressor = optimizer.compressor
             network = tfgc.compressors.Network(workers, None)
             if (
@@ -159,7 +197,11 @@ def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
     else:
         with strategy.scope():
             model, x, y, loss_fn = build(spec["model"], rng)
-            optimizer = make_optimizer(case)
+            optimizer = (
+                PerTensor(case)
+                if case["kind"] == PER_TENSOR
+                else make_optimizer(case)
+            )
             optimizer.build(model.trainable_variables)
     x, y = tf.constant(x), tf.constant(y)
     replicas = 1 if local else workers
@@ -213,7 +255,7 @@ def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
             case, optimizer, model.trainable_variables, workers
         ),
         "tfgc_stats": optimizer.compression_stats()
-        if case["kind"] == "compressed"
+        if case["kind"] in ("compressed", PER_TENSOR)
         else None,
         "counters_delta": None
         if before is None

@@ -259,7 +259,9 @@ def test_resnet_data_dir_without_dataset(tmp_path):
             resnet_main,
             [f"--model_dir={tmp_path / 'm'}", f"--data_dir={tmp_path}"],
         )
-    assert "ImageNet TFRecords (train-*, validation-*)" in str(err.value)
+    assert "ImageNet TFRecords (train-*, and validation-* unless" in str(
+        err.value
+    )
     assert "'imagenet2012'" in str(err.value)
 
 

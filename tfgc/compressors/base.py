@@ -183,7 +183,7 @@ def check_density(density) -> float:
     """Validates a `density` argument and returns it as a float."""
     try:
         value = float(density)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         value = float("nan")
     if not (0.0 < value <= 1.0) or math.isnan(value):
         raise ValueError(
@@ -191,6 +191,23 @@ def check_density(density) -> float:
             f"to send (0.01 sends 1 %). Received: density={density!r}"
         )
     return value
+
+
+#: The gradient dtypes that `tfgc.ops.top_k_sample` selects from.
+SELECTION_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+
+
+def check_selection_dtype(owner: str, dtype) -> None:
+    """Refuses a gradient dtype that `tfgc.ops.top_k_sample` cannot select
+    from, naming what to use instead."""
+    dtype = tf.as_dtype(dtype)
+    if dtype not in SELECTION_DTYPES:
+        raise ValueError(
+            "`dtype` must be float32, float16 or bfloat16: "
+            f"{owner} selects with tfgc.ops.top_k_sample. Received: "
+            f"dtype={dtype.name}. Keep the variable in float32, or use "
+            "TopK, which takes float64 too."
+        )
 
 
 def num_selected(n: int, density: float) -> int:

@@ -14,7 +14,7 @@ import math
 def _check(name: str, value, positive: bool) -> float:
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         number = float("nan")
     ok = number > 0 if positive else number >= 0
     if not (ok and math.isfinite(number)):

@@ -77,7 +77,7 @@ class ImportancePruning(base.DensityCompressor):
         super().__init__(density)
         try:
             eps = float(epsilon)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             eps = float("nan")
         if not eps > 0:
             raise ValueError(

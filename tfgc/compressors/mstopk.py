@@ -42,7 +42,12 @@ class MSTopK(TopK):
                 f"`rounds` must be in [1, 64]. Received: rounds={rounds}"
             )
 
+    def init_state(self, shape, dtype, key):
+        base.check_selection_dtype("MSTopK", dtype)
+        return super().init_state(shape, dtype, key)
+
     def select(self, x, k, key, residual=None):
+        base.check_selection_dtype("MSTopK", x.dtype)
         return ops.top_k_sample(
             x,
             k,

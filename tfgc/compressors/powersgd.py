@@ -31,8 +31,10 @@ def matrix_shape(shape) -> tuple[int, int]:
 
     Keras keeps the output axis last (Dense (in, out), Conv2D (kh, kw, in,
     out)); the papers' PyTorch code views (out, in*kh*kw). The transpose
-    has the same low-rank factors.
+    has the same low-rank factors. A scalar is the 1 x 1 matrix.
     """
+    if not len(shape):
+        return 1, 1
     cols = int(shape[-1])
     return base.num_elements(shape) // max(cols, 1), cols
 

@@ -36,6 +36,8 @@ class RandomK(base.DensityCompressor):
     def indices(self, n, key):
         """The k positions all workers use for this tensor and step."""
         k = self.num_selected((n,))
+        if k == 0:  # an empty tensor: no position to draw from
+            return tf.zeros([0], tf.int32)
         positions = ops.index_shuffle(
             tf.range(k, dtype=tf.int64), tf.cast(key, tf.int64), n - 1
         )

@@ -96,7 +96,7 @@ class RedSync(base.DensityCompressor):
         super().__init__(density)
         try:
             m = float(momentum)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             m = float("nan")
         if not 0.0 <= m < 1.0:
             raise ValueError(
@@ -187,10 +187,12 @@ class RedSync(base.DensityCompressor):
 
     def init_state(self, shape, dtype, key):
         del key
+        base.check_selection_dtype("RedSync", dtype)
         zeros = tf.zeros(shape, dtype)
         return RedSyncState(zeros, zeros)
 
     def compress(self, x, state, key):
+        base.check_selection_dtype("RedSync", x.dtype)
         u = _momentum_step(self.momentum, state.momentum, x)
         values, indices, accumulation = ops.top_k_sample(
             u,
@@ -257,6 +259,7 @@ class RedSyncWarmup(MomentumDense):
 
     def init_state(self, shape, dtype, key):
         del key
+        base.check_selection_dtype("RedSync", dtype)
         zeros = tf.zeros(shape, dtype)
         return RedSyncState(zeros, zeros)
 

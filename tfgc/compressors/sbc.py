@@ -106,6 +106,9 @@ class SBC(base.DensityCompressor):
         flat = tf.reshape(x, [-1])
         n = base.num_elements(x.shape)
         indices, values = self._select(flat, self.num_selected(x.shape))
+        # The values travel in float32: the local estimate takes them as
+        # sent, so that error feedback keeps what float64 rounding lost.
+        values = tf.cast(tf.cast(values, tf.float32), x.dtype)
         positions, _ = ops.golomb_encode(indices, n, self._golomb_b(x.shape))
         sent = values[:1] if self.binarize else values
         count = tf.size(indices, out_type=tf.int32)[None]
