@@ -2,15 +2,10 @@
 process each), a hard stop of every worker after the first epoch's backup,
 and the same command again, against the run that never stopped."""
 
-import io
-import os
-import sys
-
 import numpy as np
 import pytest
 
-from tests.workers import ROOT, TESTS
-from tfgc import launch
+from tests.workers import launch_worker_script
 
 pytestmark = pytest.mark.multiworker
 
@@ -19,21 +14,11 @@ EXIT_AFTER_FIRST_EPOCH = 17  # checkpoint_worker.py
 
 
 def _launch(out, backup, phase):
-    log = io.StringIO()
-    code = launch.run(
-        [
-            sys.executable,
-            os.path.join(TESTS, "multiworker", "checkpoint_worker.py"),
-            f"--out={out}",
-            f"--backup={backup}",
-            f"--phase={phase}",
-        ],
-        num_workers=NUM_WORKERS,
-        timeout=300,
-        env={"PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        output=log,
+    return launch_worker_script(
+        "checkpoint_worker.py",
+        NUM_WORKERS,
+        [f"--out={out}", f"--backup={backup}", f"--phase={phase}"],
     )
-    return code, log.getvalue()
 
 
 @pytest.fixture(scope="module")

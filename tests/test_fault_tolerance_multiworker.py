@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.workers import ROOT, TESTS
+from tests.workers import ROOT, TESTS, run_worker_script
 from tfgc import launch
 
 pytestmark = pytest.mark.multiworker
@@ -60,21 +60,13 @@ def _start(out, backup, phase, sig):
 
 
 def _launch(out, backup, phase):
-    code = launch.run(
-        [
-            sys.executable,
-            SCRIPT,
-            f"--out={out}",
-            f"--backup={backup}",
-            f"--phase={phase}",
-        ],
-        num_workers=NUM_WORKERS,
-        timeout=300,
-        env={"PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"},
-        output=open(out / f"{phase}.log", "a"),
+    return run_worker_script(
+        "checkpoint_worker.py",
+        NUM_WORKERS,
+        out,
+        args=[f"--backup={backup}", f"--phase={phase}"],
+        prefix=f"{phase}_",
     )
-    assert code == 0, (out / f"{phase}.log").read_text()[-5000:]
-    return [np.load(out / f"{phase}_worker{i}.npz") for i in range(NUM_WORKERS)]
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests import backends
+from tests.ops.test_ops_hostile import DTYPES, data, f64
 from tests.test_compressors import local_step
 from tfgc import compressors
 from tfgc.compressors import base
@@ -67,12 +68,6 @@ def backend(request, monkeypatch):
     return request.param
 
 
-DTYPES = {
-    "float32": (tf.float32, np.float32),
-    "float16": (tf.float16, np.float16),
-    "bfloat16": (tf.bfloat16, ml_dtypes.bfloat16),
-    "float64": (tf.float64, np.float64),
-}
 # Selection by `tfgc.ops.top_k_sample`: float32, float16 and bfloat16 only.
 NO_FLOAT64 = {"mstopk", "redsync", "redsync_trimmed"}
 OWN_RESIDUAL = {"redsync", "redsync_trimmed"}
@@ -145,38 +140,12 @@ def _finfo(np_dtype):
 
 def gradient(shape, dtype_name, kind, seed, scale) -> np.ndarray:
     """Hostile data of `kind`, as a numpy array of the dtype."""
-    np_dtype = DTYPES[dtype_name][1]
-    rng = np.random.default_rng(seed)
-    n = math.prod(shape)
-    info = _finfo(np_dtype)
-    sub = float(info.smallest_subnormal)
-    if kind == "zeros":
-        x = np.zeros(n)
-    elif kind == "constant":
-        x = np.full(n, rng.choice([-3.5, 0.25, 1.0, 7e-3]) * scale)
-    elif kind == "subnormal":
-        x = sub * rng.integers(-8, 9, size=n)
-    else:
-        x = rng.normal(size=n) * scale
-        if kind == "mixed":
-            x[rng.random(n) < 0.3] = 0.0
-            picks = rng.random(n) < 0.3
-            x[picks] = sub * rng.integers(-8, 9, size=int(picks.sum()))
-        elif kind == "nonfinite" and n:
-            where = rng.integers(0, n, size=rng.integers(1, 4))
-            x[where] = rng.choice([np.nan, np.inf, -np.inf], size=len(where))
-    return x.astype(np_dtype).reshape(shape)
-
-
-def as_f64(t) -> np.ndarray:
-    """Any float tensor or array as float64 numpy, subnormals kept (a
-    TensorFlow cast would flush them)."""
-    return np.asarray(t.numpy() if tf.is_tensor(t) else t).astype(np.float64)
+    return data(shape, dtype_name, kind, seed, scale, (-3.5, 0.25, 1.0, 7e-3))
 
 
 def same_bits(a, b) -> bool:
     """Equal values, NaN equal to NaN (compared as float64)."""
-    return np.array_equal(as_f64(a), as_f64(b), equal_nan=True)
+    return np.array_equal(f64(a), f64(b), equal_nan=True)
 
 
 def rounding_tolerance(dtype_name, *magnitudes):
@@ -265,13 +234,13 @@ def check_compressor(
             assert tuple(out.shape) == shape and out.dtype == dtype
         assert _structure(state) == structure
         assert same_bits(total, estimate), "decompress(own) != estimate"
-        finite_in = np.isfinite(as_f64(x_np)).all() and all(
-            np.isfinite(as_f64(t)).all() for t in tf.nest.flatten(before)
+        finite_in = np.isfinite(f64(x_np)).all() and all(
+            np.isfinite(f64(t)).all() for t in tf.nest.flatten(before)
         )
         if finite_in:
-            assert np.isfinite(as_f64(total)).all()
+            assert np.isfinite(f64(total)).all()
             for t in tf.nest.flatten(state):
-                assert np.isfinite(as_f64(t)).all(), "state not finite"
+                assert np.isfinite(f64(t)).all(), "state not finite"
         _check_selection(name, inner, payloads, n)
         measured = sum(int(payload_nbytes(p)) for p in payloads)
         bound = compressor.payload_bytes(shape, dtype)
@@ -294,16 +263,16 @@ def check_compressor(
 def _check_residual(
     name, error_feedback, inner, x_np, dtype_name, before, after, estimate
 ):
-    x = as_f64(x_np)
-    est = as_f64(estimate)
+    x = f64(x_np)
+    est = f64(estimate)
     if error_feedback:
-        r0, r1 = as_f64(before.residual), as_f64(after.residual)
+        r0, r1 = f64(before.residual), f64(after.residual)
         lhs, rhs = x + r0, est + r1
         tol = rounding_tolerance(dtype_name, x, r0, est)
     elif name in OWN_RESIDUAL:
         # U' + V' + sent == m U + g + V, with U zeroed where V was sent.
-        u0, v0 = as_f64(before.momentum), as_f64(before.accumulation)
-        v1 = as_f64(after.accumulation)
+        u0, v0 = f64(before.momentum), f64(before.accumulation)
+        v1 = f64(after.accumulation)
         u = inner.momentum * u0 + x
         lhs, rhs = u + v0, est + v1
         r1 = v1
@@ -392,7 +361,7 @@ def test_huge_tensor(monkeypatch, name):
         compressor, tf.constant(x), state, 0
     )
     assert total.shape == x.shape and same_bits(total, estimate)
-    residual = as_f64(state.residual)
+    residual = f64(state.residual)
     if name == "randomk":  # positions not drawn keep their values
         kept = np.ones(HUGE, bool)
         kept[c.indices(HUGE, _key(0)).numpy()] = False

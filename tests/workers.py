@@ -12,30 +12,35 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 
 
-def run_worker_script(
-    script: str, num_workers: int, out, timeout=300, args=(), prefix=""
-):
-    """Runs `tests/multiworker/<script> --out <out> <args>` on
-    `num_workers` workers and returns what each wrote to
-    `<out>/<prefix>worker<i>.npz`.
+def launch_worker_script(
+    script: str, num_workers: int, args=(), timeout=300
+) -> tuple[int, str]:
+    """Runs `tests/multiworker/<script> <args>` on `num_workers` workers
+    through `tfgc.launch`; returns its exit code and the workers' output.
 
     The default timeout is short: in these tests a hang is the failure.
     """
     log = io.StringIO()
     code = launch.run(
-        [
-            sys.executable,
-            os.path.join(TESTS, "multiworker", script),
-            "--out",
-            str(out),
-            *args,
-        ],
+        [sys.executable, os.path.join(TESTS, "multiworker", script), *args],
         num_workers=num_workers,
         timeout=timeout,
         env={"PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"},
         output=log,
     )
-    assert code == 0, log.getvalue()[-5000:]
+    return code, log.getvalue()
+
+
+def run_worker_script(
+    script: str, num_workers: int, out, timeout=300, args=(), prefix=""
+):
+    """Runs `tests/multiworker/<script> --out <out> <args>` on
+    `num_workers` workers, which must succeed, and returns what each wrote
+    to `<out>/<prefix>worker<i>.npz`."""
+    code, log = launch_worker_script(
+        script, num_workers, ["--out", str(out), *args], timeout
+    )
+    assert code == 0, log[-5000:]
     return [
         np.load(os.path.join(out, f"{prefix}worker{i}.npz"))
         for i in range(num_workers)

@@ -60,8 +60,12 @@ shapes = st.one_of(
 )
 
 
-def data(shape, dtype_name, kind, seed) -> np.ndarray:
-    """Hostile values of `kind` as a numpy array of the dtype."""
+def data(
+    shape, dtype_name, kind, seed, scale=1.0, constants=(-3.5, 0.25, 1.0)
+) -> np.ndarray:
+    """Hostile values of `kind` as a numpy array of the dtype: Gaussian
+    and constant values times `scale`, a constant drawn from `constants`.
+    """
     np_dtype = DTYPES[dtype_name][1]
     rng = np.random.default_rng(seed)
     n = math.prod(shape)
@@ -69,11 +73,11 @@ def data(shape, dtype_name, kind, seed) -> np.ndarray:
     if kind == "zeros":
         x = np.zeros(n)
     elif kind == "constant":
-        x = np.full(n, rng.choice([-3.5, 0.25, 1.0]))
+        x = np.full(n, rng.choice(list(constants)) * scale)
     elif kind == "subnormal":
         x = sub * rng.integers(-8, 9, size=n)
     else:
-        x = rng.normal(size=n)
+        x = rng.normal(size=n) * scale
         if kind == "mixed":
             x[rng.random(n) < 0.3] = 0.0
             picks = rng.random(n) < 0.3
