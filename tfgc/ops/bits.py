@@ -41,6 +41,18 @@ def _check_words(words: tf.Tensor, n: int) -> tf.Tensor:
     return words
 
 
+_SCALE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+
+
+def _check_scale_dtype(name: str, dtype: tf.DType) -> None:
+    if tf.as_dtype(dtype) not in _SCALE_DTYPES:
+        raise TypeError(
+            f"`{name}` must be float32, float16 or bfloat16. "
+            f"Received: {name}={tf.as_dtype(dtype).name}. Cast to float32 "
+            "(the sums are accumulated in float32 anyway)."
+        )
+
+
 def _check_rows(words: tf.Tensor, n: int) -> tf.Tensor:
     words = _check_words(words, n)
     if words.shape.rank is not None and words.shape.rank != 2:
@@ -128,6 +140,7 @@ def unpack_bits_sum(words: tf.Tensor, scales: tf.Tensor, n: int) -> tf.Tensor:
     """
     words = _check_rows(words, n)
     scales = tf.convert_to_tensor(scales)
+    _check_scale_dtype("scales", scales.dtype)
     lib = _library.custom_ops()
     if lib is None:
         return unpack_bits_sum_reference(words, scales, n)
@@ -140,6 +153,7 @@ def unpack_bits_sum_reference(
     """Pure-TF `unpack_bits_sum`."""
     words = _check_rows(words, n)
     scales = tf.convert_to_tensor(scales)
+    _check_scale_dtype("scales", scales.dtype)
     signs = tf.where(unpack_bits_reference(words, n), 1.0, -1.0)
     total = tf.reduce_sum(tf.cast(scales, tf.float32)[:, None] * signs, 0)
     return tf.cast(total, scales.dtype)
@@ -162,6 +176,7 @@ def unpack_bits_vote(
         tensor [n] of +-1 in `dtype`.
     """
     words = _check_rows(words, n)
+    _check_scale_dtype("dtype", dtype)
     lib = _library.custom_ops()
     if lib is None:
         return unpack_bits_vote_reference(words, n, dtype)
@@ -173,6 +188,7 @@ def unpack_bits_vote_reference(
 ) -> tf.Tensor:
     """Pure-TF `unpack_bits_vote`."""
     words = _check_rows(words, n)
+    _check_scale_dtype("dtype", dtype)
     votes = tf.reduce_sum(tf.cast(unpack_bits_reference(words, n), tf.int32), 0)
     p = tf.shape(words)[0]
     return tf.cast(tf.where(2 * votes >= p, 1.0, -1.0), dtype)

@@ -69,8 +69,24 @@ def _check_args(x: tf.Tensor, mode: str, rounds: int) -> None:
     if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(
             "`x` must be float32, float16 or bfloat16. "
-            f"Received: dtype={x.dtype.name}"
+            f"Received: dtype={x.dtype.name}. Cast it first "
+            "(tf.cast(x, tf.float32)), or use `top_k_abs`, which takes "
+            "float64 too."
         )
+
+
+def _k_checks(k: tf.Tensor, n: tf.Tensor) -> list[tf.Operation]:
+    """Run-time checks that the int64 k is a scalar in [0, n], each naming
+    `k` and its value (the compiled ops' checks say the same)."""
+    return [
+        tf.debugging.assert_equal(
+            tf.rank(k), 0, message="`k` must be a scalar"
+        ),
+        tf.debugging.assert_greater_equal(
+            k, tf.constant(0, tf.int64), message="`k` must be in [0, n]"
+        ),
+        tf.debugging.assert_less_equal(k, n, message="`k` must be in [0, n]"),
+    ]
 
 
 def top_k_sample(
@@ -324,17 +340,10 @@ def top_k_sample_reference(
     n = tf.size(flat, out_type=tf.int64)
     k = tf.cast(_as_index(k), tf.int64)
     seed = tf.convert_to_tensor(seed)
-    checks = [
-        tf.debugging.assert_equal(
-            tf.rank(k), 0, message="`k` must be a scalar"
-        ),
+    checks = _k_checks(k, n) + [
         tf.debugging.assert_equal(
             tf.rank(seed), 0, message="`seed` must be a scalar"
         ),
-        tf.debugging.assert_greater_equal(
-            k, tf.constant(0, tf.int64), message="`k` must be in [0, n]"
-        ),
-        tf.debugging.assert_less_equal(k, n, message="`k` must be in [0, n]"),
     ]
     with tf.control_dependencies(checks):
         keys = tf.identity(_keys(flat))
@@ -404,5 +413,8 @@ def top_k_abs(
     flat = tf.reshape(x, [-1])
     if compiled:
         return top_k_sample(flat, k, mode="trimmed")
-    _, indices = tf.math.top_k(_magnitude_keys(flat), k=k, sorted=False)
+    n = tf.size(flat, out_type=tf.int64)
+    with tf.control_dependencies(_k_checks(tf.cast(_as_index(k), tf.int64), n)):
+        keys = tf.identity(_magnitude_keys(flat))
+    _, indices = tf.math.top_k(keys, k=k, sorted=False)
     return tf.gather(flat, indices), indices
