@@ -27,6 +27,11 @@ from tfgc.ops.golomb import max_encoded_bytes as golomb_max_encoded_bytes
 from tfgc.ops.scatter import scatter_add_sum
 from tfgc.ops.shuffle import index_shuffle
 from tfgc.ops.top_k_sample import top_k_abs, top_k_sample
+from tfgc.ops.top_k_sample_segments import (
+    SegmentSelection,
+    SegmentSelectionWithResidual,
+    top_k_sample_segments,
+)
 
 __all__ = [
     "compiling_with_xla",
@@ -38,9 +43,12 @@ __all__ = [
     "index_shuffle",
     "pack_bits",
     "refuse_xla",
+    "SegmentSelection",
+    "SegmentSelectionWithResidual",
     "scatter_add_sum",
     "top_k_abs",
     "top_k_sample",
+    "top_k_sample_segments",
     "unpack_bits",
     "unpack_bits_sum",
     "unpack_bits_vote",

@@ -5,13 +5,19 @@
 // allocates the outputs and has functor::TopKSampleFunctor<Device, T> plan
 // and write the selection. The CPU functor runs the selection of
 // top_k_sample_cpu.h; under GOOGLE_CUDA the GPU functor calls the launchers
-// of top_k_sample_kernels.cu.cc.
+// of top_k_sample_kernels.cu.cc. The segmented ops (Tfgc>TopKSampleSegments
+// and ...WithResidual) follow the same pattern with
+// functor::TopKSampleSegmentsFunctor<Device, T>: on the CPU one selection
+// per segment in turn, on the GPU the segmented launchers (one plan, one
+// output-size read and one write for every segment at once).
 
 #define EIGEN_USE_THREADS
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -56,6 +62,81 @@ class TopKSampleFunctor<CPUDevice, T> {
  private:
   Cache::Lease lease_;  // the candidates the plan selects from
   SelectionPlan plan_;
+};
+
+// The segmented selection, in the same two steps: Plan selects in every
+// segment of the table (each as TopKSampleFunctor would on the segment
+// alone with its k and seed; with a residual it first writes acc over the
+// whole buffer) and writes each segment's output size to `sizes` (host
+// memory, one per segment); Write writes the selections one after another
+// in segment order (output_size > 0 entries in all), each segment's
+// indices counted from its start, and zeroes them in acc with a residual.
+// The table holds 0 <= k <= n < 2^31 per segment, segments contiguous.
+template <typename Device, typename T>
+class TopKSampleSegmentsFunctor;
+
+// The segment `seg` of `in`, as the input of a single selection.
+template <typename T>
+TopKSampleInput<T> SegmentOf(const TopKSampleInput<T>& in,
+                             const gpu::TopKSampleSegment& seg) {
+  TopKSampleInput<T> part{in.x + seg.offset, nullptr, nullptr, seg.n};
+  if (in.residual != nullptr) {
+    part.residual = in.residual + seg.offset;
+    part.acc = in.acc + seg.offset;
+  }
+  return part;
+}
+
+// One segment after another, each with the single selection of
+// top_k_sample_cpu.h (whose passes use the intra-op thread pool) and the
+// same candidates. The candidates hold one plan at a time, and threshold
+// mode's sizes are known only once every segment is planned, so Plan
+// writes each selection to buffers of its own and Write copies them (the
+// selections are small next to the input they are read from).
+template <typename T>
+class TopKSampleSegmentsFunctor<CPUDevice, T> {
+ public:
+  using Cache = cpu::CandidateCache;
+
+  explicit TopKSampleSegmentsFunctor(Cache* cache) : lease_(cache) {}
+
+  absl::Status Plan(OpKernelContext* ctx, const TopKSampleInput<T>& in,
+                    const std::vector<gpu::TopKSampleSegment>& segments,
+                    TopKSampleMode mode, int rounds, int64_t* sizes) {
+    for (size_t s = 0; s < segments.size(); ++s) {
+      const gpu::TopKSampleSegment& seg = segments[s];
+      const TopKSampleInput<T> part = SegmentOf(in, seg);
+      const SelectionPlan plan = cpu::PlanSelection(
+          ctx, part, seg.k, mode, rounds, seg.seed, lease_.get());
+      sizes[s] = plan.output_size;
+      if (plan.output_size == 0) continue;
+      const size_t at = values_.size();
+      values_.resize(at + plan.output_size);
+      indices_.resize(at + plan.output_size);
+      TF_RETURN_IF_ERROR(cpu::WriteSelection(part, plan, lease_.get(),
+                                             values_.data() + at,
+                                             indices_.data() + at));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Write(OpKernelContext* /*ctx*/, const TopKSampleInput<T>& /*in*/,
+                     const std::vector<gpu::TopKSampleSegment>& /*segments*/,
+                     int64_t output_size, T* values, int32_t* indices) {
+    if (output_size != static_cast<int64_t>(values_.size())) {
+      return absl::InternalError(absl::StrCat(
+          "TopKSampleSegments wrote ", values_.size(),
+          " elements but planned ", output_size));
+    }
+    std::copy(values_.begin(), values_.end(), values);
+    std::copy(indices_.begin(), indices_.end(), indices);
+    return absl::OkStatus();
+  }
+
+ private:
+  Cache::Lease lease_;  // the candidates, one segment at a time
+  std::vector<T> values_;
+  std::vector<int32_t> indices_;
 };
 
 #if GOOGLE_CUDA
@@ -106,6 +187,61 @@ class TopKSampleFunctor<GPUDevice, T> {
 
   Tensor scratch_;  // the plan, from Plan to Write
 };
+
+// The segmented launchers (top_k_sample_kernels.h, "Segmented selection"):
+// one plan, one read of the output sizes and one write for all segments,
+// whatever their number. The host waits for the device only in threshold
+// mode, for all the sizes at once.
+template <typename T>
+class TopKSampleSegmentsFunctor<GPUDevice, T> {
+ public:
+  struct Cache {};  // nothing is kept between calls
+
+  explicit TopKSampleSegmentsFunctor(Cache* /*cache*/) {}
+
+  absl::Status Plan(OpKernelContext* ctx, const TopKSampleInput<T>& in,
+                    const std::vector<gpu::TopKSampleSegment>& segments,
+                    TopKSampleMode mode, int rounds, int64_t* sizes) {
+    void* stream = StreamOf(ctx);
+    if (in.residual != nullptr) {
+      TF_RETURN_IF_ERROR(CudaStatus(
+          gpu::AddResidual(kDType, in.x, in.residual, in.acc, in.n, stream),
+          "AddResidual"));
+    }
+    const int count = static_cast<int>(segments.size());
+    const int64_t bytes =
+        gpu::TopKSampleSegmentsScratchBytes(segments.data(), count);
+    if (bytes < 0) {  // the op kernel validated the table
+      return absl::InternalError("TopKSampleSegments: invalid segment table");
+    }
+    TF_RETURN_IF_ERROR(AllocateScratch(ctx, bytes, &scratch_));
+    TF_RETURN_IF_ERROR(CudaStatus(
+        gpu::TopKSampleSegmentsPlan(kDType, in.data(), segments.data(), count,
+                                    mode, rounds, Scratch(), stream),
+        "TopKSampleSegmentsPlan"));
+    return CudaStatus(
+        gpu::TopKSampleSegmentsOutputSizes(mode, segments.data(), count,
+                                           Scratch(), stream, sizes),
+        "TopKSampleSegmentsOutputSizes");
+  }
+
+  absl::Status Write(OpKernelContext* ctx, const TopKSampleInput<T>& in,
+                     const std::vector<gpu::TopKSampleSegment>& segments,
+                     int64_t output_size, T* values, int32_t* indices) {
+    return CudaStatus(
+        gpu::TopKSampleSegmentsWrite(
+            kDType, in.data(), segments.data(),
+            static_cast<int>(segments.size()), output_size, values, indices,
+            in.acc, Scratch(), StreamOf(ctx)),
+        "TopKSampleSegmentsWrite");
+  }
+
+ private:
+  static constexpr gpu::DType kDType = static_cast<gpu::DType>(GpuDType<T>());
+  void* Scratch() { return scratch_.flat<int8_t>().data(); }
+
+  Tensor scratch_;  // the table and the plans, from Plan to Write
+};
 #endif  // GOOGLE_CUDA
 
 }  // namespace functor
@@ -123,6 +259,20 @@ absl::Status ParseMode(const std::string& s, TopKSampleMode* mode) {
     return absl::InvalidArgumentError(absl::StrCat(
         "`mode` must be one of mstopk, threshold, trimmed. Received: mode=",
         s));
+  }
+  return absl::OkStatus();
+}
+
+// The attributes `mode` and `rounds` of every TopKSample op.
+absl::Status ReadModeAndRounds(OpKernelConstruction* ctx,
+                               TopKSampleMode* mode, int* rounds) {
+  std::string name;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("mode", &name));
+  TF_RETURN_IF_ERROR(ParseMode(name, mode));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("rounds", rounds));
+  if (*rounds < 1 || *rounds > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "`rounds` must be in [1, 64]. Received: rounds=", *rounds));
   }
   return absl::OkStatus();
 }
@@ -164,14 +314,7 @@ template <typename Device, typename T, typename Tk, bool kWithResidual>
 class TopKSampleOp : public OpKernel {
  public:
   explicit TopKSampleOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string mode;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("mode", &mode));
-    OP_REQUIRES_OK(ctx, ParseMode(mode, &mode_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("rounds", &rounds_));
-    OP_REQUIRES(ctx, rounds_ >= 1 && rounds_ <= 64,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "`rounds` must be in [1, 64]. Received: rounds=",
-                    rounds_)));
+    OP_REQUIRES_OK(ctx, ReadModeAndRounds(ctx, &mode_, &rounds_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -212,17 +355,160 @@ class TopKSampleOp : public OpKernel {
   typename Functor::Cache cache_;
 };
 
-#define REGISTER_CPU(T, Tk)                                        \
-  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSample")                  \
-                              .Device(DEVICE_CPU)                  \
-                              .TypeConstraint<T>("T")              \
-                              .TypeConstraint<Tk>("Tk"),           \
-                          TopKSampleOp<CPUDevice, T, Tk, false>);  \
-  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSampleWithResidual")      \
-                              .Device(DEVICE_CPU)                  \
-                              .TypeConstraint<T>("T")              \
-                              .TypeConstraint<Tk>("Tk"),           \
-                          TopKSampleOp<CPUDevice, T, Tk, true>);
+// Validates the attribute `segment_sizes` and returns their sum.
+absl::Status CheckSegmentSizes(const std::vector<int64_t>& sizes,
+                               int64_t* total) {
+  if (sizes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TopKSampleSegments supports at most 2^31 - 1 segments. Received: "
+        "len(segment_sizes)=",
+        sizes.size()));
+  }
+  *total = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 0 || sizes[i] > std::numeric_limits<int32_t>::max()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "`segment_sizes` must be in [0, 2^31 - 1] (int32 indices). "
+          "Received: segment_sizes[",
+          i, "]=", sizes[i]));
+    }
+    *total += sizes[i];
+  }
+  return absl::OkStatus();
+}
+
+// "`name` must be a vector with one entry per segment".
+absl::Status CheckPerSegment(const Tensor& t, const char* name,
+                             int64_t count) {
+  if (TensorShapeUtils::IsVector(t.shape()) && t.NumElements() == count) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "`", name, "` must be a vector with one entry per segment. Received: ",
+      name, ".shape=", t.shape().DebugString(),
+      ", len(segment_sizes)=", count));
+}
+
+// The segment table of `sizes` (contiguous from 0) with the vectors k and
+// seeds, one entry per segment, each k[i] in [0, sizes[i]].
+template <typename Tk>
+absl::Status ReadSegments(const std::vector<int64_t>& sizes,
+                          const Tensor& k_t, const Tensor& seeds_t,
+                          std::vector<gpu::TopKSampleSegment>* segments) {
+  const auto count = static_cast<int64_t>(sizes.size());
+  TF_RETURN_IF_ERROR(CheckPerSegment(k_t, "k", count));
+  TF_RETURN_IF_ERROR(CheckPerSegment(seeds_t, "seeds", count));
+  const auto k = k_t.vec<Tk>();
+  const auto seeds = seeds_t.vec<int64_t>();
+  segments->resize(count);
+  int64_t offset = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    gpu::TopKSampleSegment& seg = (*segments)[i];
+    seg.offset = offset;
+    seg.n = sizes[i];
+    seg.k = static_cast<int64_t>(k(i));
+    seg.seed = seeds(i);
+    if (seg.k < 0 || seg.k > seg.n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "`k[i]` must be in [0, segment_sizes[i]]. Received: k[", i,
+          "]=", seg.k, ", segment_sizes[", i, "]=", seg.n));
+    }
+    offset += seg.n;
+  }
+  return absl::OkStatus();
+}
+
+// TopKSampleSegments (inputs x, k, seeds; outputs values, indices, sizes)
+// or, kWithResidual, TopKSampleSegmentsWithResidual (inputs gradient,
+// residual, k, seeds; output 3 the new residual).
+template <typename Device, typename T, typename Tk, bool kWithResidual>
+class TopKSampleSegmentsOp : public OpKernel {
+ public:
+  explicit TopKSampleSegmentsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ReadModeAndRounds(ctx, &mode_, &rounds_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("segment_sizes", &segment_sizes_));
+    OP_REQUIRES_OK(ctx, CheckSegmentSizes(segment_sizes_, &total_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int extra = kWithResidual ? 1 : 0;
+    const Tensor& x = ctx->input(0);
+    if (kWithResidual) OP_REQUIRES_OK(ctx, CheckSameShape(x, ctx->input(1)));
+    const int64_t n = x.NumElements();
+    OP_REQUIRES(ctx, n == total_,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "`segment_sizes` must add up to the number of elements "
+                    "of `x`. Received: sum(segment_sizes)=",
+                    total_, ", x.shape=", x.shape().DebugString())));
+    std::vector<gpu::TopKSampleSegment> segments;
+    OP_REQUIRES_OK(ctx, ReadSegments<Tk>(segment_sizes_,
+                                         ctx->input(1 + extra),
+                                         ctx->input(2 + extra), &segments));
+    TopKSampleInput<T> in{x.flat<T>().data(), nullptr, nullptr, n};
+    if (kWithResidual) {
+      const Tensor& r = ctx->input(1);
+      Tensor* acc = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
+                              {1}, 3, r.shape(), &acc));
+      in.residual = r.flat<T>().data();
+      in.acc = acc->flat<T>().data();
+    }
+    const auto count = static_cast<int64_t>(segments.size());
+    Tensor* sizes = nullptr;
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(2, TensorShape({count}), &sizes));
+    int64_t* size = sizes->flat<int64_t>().data();
+    std::fill(size, size + count, int64_t{0});
+    Functor select(&cache_);
+    if (count > 0) {
+      OP_REQUIRES_OK(ctx,
+                     select.Plan(ctx, in, segments, mode_, rounds_, size));
+    }
+    int64_t total = 0;
+    for (int64_t i = 0; i < count; ++i) total += size[i];
+    Tensor* values = nullptr;
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(0, TensorShape({total}), &values));
+    Tensor* indices = nullptr;
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(1, TensorShape({total}), &indices));
+    if (total == 0) return;
+    OP_REQUIRES_OK(ctx, select.Write(ctx, in, segments, total,
+                                     values->flat<T>().data(),
+                                     indices->flat<int32_t>().data()));
+  }
+
+ private:
+  using Functor = functor::TopKSampleSegmentsFunctor<Device, T>;
+
+  TopKSampleMode mode_;
+  int rounds_;
+  std::vector<int64_t> segment_sizes_;
+  int64_t total_ = 0;  // their sum
+  typename Functor::Cache cache_;
+};
+
+#define REGISTER_CPU(T, Tk)                                               \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSample")                         \
+                              .Device(DEVICE_CPU)                         \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Tk>("Tk"),                  \
+                          TopKSampleOp<CPUDevice, T, Tk, false>);         \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSampleWithResidual")             \
+                              .Device(DEVICE_CPU)                         \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Tk>("Tk"),                  \
+                          TopKSampleOp<CPUDevice, T, Tk, true>);          \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSampleSegments")                 \
+                              .Device(DEVICE_CPU)                         \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Tk>("Tk"),                  \
+                          TopKSampleSegmentsOp<CPUDevice, T, Tk, false>); \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSampleSegmentsWithResidual")     \
+                              .Device(DEVICE_CPU)                         \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Tk>("Tk"),                  \
+                          TopKSampleSegmentsOp<CPUDevice, T, Tk, true>);
 
 #define REGISTER_CPU_ALL_K(T) \
   REGISTER_CPU(T, int32_t)    \
@@ -236,22 +522,38 @@ REGISTER_CPU_ALL_K(Eigen::bfloat16)
 #undef REGISTER_CPU
 
 #if GOOGLE_CUDA
-// k and seed live in host memory.
-#define REGISTER_GPU(T, Tk)                                          \
-  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSample")                    \
-                              .Device(tensorflow::DEVICE_GPU)        \
-                              .HostMemory("k")                       \
-                              .HostMemory("seed")                    \
-                              .TypeConstraint<T>("T")                \
-                              .TypeConstraint<Tk>("Tk"),             \
-                          TopKSampleOp<GPUDevice, T, Tk, false>);    \
-  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSampleWithResidual")        \
-                              .Device(tensorflow::DEVICE_GPU)        \
-                              .HostMemory("k")                       \
-                              .HostMemory("seed")                    \
-                              .TypeConstraint<T>("T")                \
-                              .TypeConstraint<Tk>("Tk"),             \
-                          TopKSampleOp<GPUDevice, T, Tk, true>);
+// k, seed(s) and the segments' sizes live in host memory.
+#define REGISTER_GPU(T, Tk)                                               \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSample")                         \
+                              .Device(tensorflow::DEVICE_GPU)             \
+                              .HostMemory("k")                            \
+                              .HostMemory("seed")                         \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Tk>("Tk"),                  \
+                          TopKSampleOp<GPUDevice, T, Tk, false>);         \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSampleWithResidual")             \
+                              .Device(tensorflow::DEVICE_GPU)             \
+                              .HostMemory("k")                            \
+                              .HostMemory("seed")                         \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Tk>("Tk"),                  \
+                          TopKSampleOp<GPUDevice, T, Tk, true>);          \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSampleSegments")                 \
+                              .Device(tensorflow::DEVICE_GPU)             \
+                              .HostMemory("k")                            \
+                              .HostMemory("seeds")                        \
+                              .HostMemory("sizes")                        \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Tk>("Tk"),                  \
+                          TopKSampleSegmentsOp<GPUDevice, T, Tk, false>); \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSampleSegmentsWithResidual")     \
+                              .Device(tensorflow::DEVICE_GPU)             \
+                              .HostMemory("k")                            \
+                              .HostMemory("seeds")                        \
+                              .HostMemory("sizes")                        \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Tk>("Tk"),                  \
+                          TopKSampleSegmentsOp<GPUDevice, T, Tk, true>);
 
 #define REGISTER_GPU_ALL_K(T) \
   REGISTER_GPU(T, int32_t)    \

@@ -1,8 +1,12 @@
 // Copyright 2026 The tfgc Authors.
 //
-// Op registrations of Tfgc>TopKSample and Tfgc>TopKSampleWithResidual.
+// Op registrations of Tfgc>TopKSample and Tfgc>TopKSampleWithResidual, and
+// of their segmented (multi-tensor) twins Tfgc>TopKSampleSegments and
+// Tfgc>TopKSampleSegmentsWithResidual.
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "custom_ops/cc/ops/shape_fns.h"
@@ -29,6 +33,42 @@ absl::Status SelectionLength(InferenceContext* c, int k_input,
   const DimensionHandle num = c->NumElements(c->input(0));
   const int64_t n = c->ValueKnown(num) ? c->Value(num) : -1;
   if (kv >= 0 && (n < 0 || kv <= n)) *out = c->MakeDim(kv);
+  return absl::OkStatus();
+}
+
+// The segmented ops' outputs: values and indices of length sum(k) when k
+// is known and every k[i] is in [0, n_i] in the exact-k modes, unknown
+// otherwise; sizes [S]. k and seeds are vectors of length S, the number of
+// `segment_sizes`. Values out of range are left to the kernel, as above.
+absl::Status SegmentsShapes(InferenceContext* c, int k_input) {
+  std::vector<int64_t> sizes;
+  TF_RETURN_IF_ERROR(c->GetAttr("segment_sizes", &sizes));
+  std::string mode;
+  TF_RETURN_IF_ERROR(c->GetAttr("mode", &mode));
+  const auto count = static_cast<int64_t>(sizes.size());
+  for (int i = k_input; i <= k_input + 1; ++i) {
+    ShapeHandle vec;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &vec));
+    DimensionHandle unused;
+    TF_RETURN_IF_ERROR(c->Merge(c->Dim(vec, 0), c->MakeDim(count), &unused));
+  }
+  DimensionHandle len = c->UnknownDim();
+  const Tensor* k = c->input_tensor(k_input);
+  if (k != nullptr && mode != "threshold") {
+    int64_t total = 0;
+    bool valid = true;
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t ki = k->dtype() == tensorflow::DT_INT32
+                             ? int64_t{k->vec<int32_t>()(i)}
+                             : k->vec<int64_t>()(i);
+      valid = valid && ki >= 0 && ki <= sizes[i];
+      total += valid ? ki : 0;
+    }
+    if (valid) len = c->MakeDim(total);
+  }
+  c->set_output(0, c->Vector(len));
+  c->set_output(1, c->Vector(len));
+  c->set_output(2, c->Vector(count));
   return absl::OkStatus();
 }
 
@@ -85,6 +125,55 @@ REGISTER_OP("Tfgc>TopKSampleWithResidual")
     .Doc(R"doc(
 TopKSample of acc = gradient + residual, fused with error feedback:
 new_residual is acc with the selected entries set to zero.
+)doc");
+
+REGISTER_OP("Tfgc>TopKSampleSegments")
+    .Input("x: T")
+    .Input("k: Tk")
+    .Input("seeds: int64")
+    .Output("values: T")
+    .Output("indices: int32")
+    .Output("sizes: int64")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("Tk: {int32, int64} = DT_INT32")
+    .Attr("segment_sizes: list(int)")
+    .Attr("mode: {'mstopk', 'threshold', 'trimmed'} = 'mstopk'")
+    .Attr("rounds: int >= 1 = 20")
+    .SetShapeFn([](InferenceContext* c) { return SegmentsShapes(c, 1); })
+    .Doc(R"doc(
+TopKSample of every segment of the flattened `x` in one op.
+
+Segment i is the next segment_sizes[i] elements of `x` (they must add up to
+x's size); it selects as TopKSample with k[i] and seeds[i] would on that
+segment alone, bit for bit. values and indices hold the selections one
+after another in segment order, sizes[i] entries for segment i (k[i] in
+the exact-k modes); indices count from the segment's own start.
+)doc");
+
+REGISTER_OP("Tfgc>TopKSampleSegmentsWithResidual")
+    .Input("gradient: T")
+    .Input("residual: T")
+    .Input("k: Tk")
+    .Input("seeds: int64")
+    .Output("values: T")
+    .Output("indices: int32")
+    .Output("sizes: int64")
+    .Output("new_residual: T")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("Tk: {int32, int64} = DT_INT32")
+    .Attr("segment_sizes: list(int)")
+    .Attr("mode: {'mstopk', 'threshold', 'trimmed'} = 'mstopk'")
+    .Attr("rounds: int >= 1 = 20")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle merged;
+      TF_RETURN_IF_ERROR(c->Merge(c->input(0), c->input(1), &merged));
+      TF_RETURN_IF_ERROR(SegmentsShapes(c, 2));
+      c->set_output(3, merged);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+TopKSampleSegments of acc = gradient + residual, fused with error feedback:
+new_residual is acc with every segment's selected entries set to zero.
 )doc");
 
 }  // namespace tfgc
