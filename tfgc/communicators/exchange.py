@@ -85,6 +85,34 @@ def buckets(
     return groups
 
 
+def _compress_batches(
+    compressors, tensors, states, keys, bucket, payloads, contexts
+) -> set[int]:
+    """Compresses the tensors of `bucket` that equal compressors can take
+    together (`Compressor.compress_batch`), filling `payloads` and
+    `contexts`; returns the indices done."""
+    groups: dict[tuple, list[int]] = {}
+    for i in bucket:
+        compressor = compressors[i]
+        if compressor.rounds == 1 and not compressor.reads_step_info:
+            groups.setdefault((compressor, tensors[i].dtype), []).append(i)
+    done = set()
+    for (compressor, _), members in groups.items():
+        if len(members) < 2:
+            continue
+        out = compressor.compress_batch(
+            [tensors[i] for i in members],
+            [states[i] for i in members],
+            [keys[i] for i in members],
+        )
+        if out is None:
+            continue
+        for i, (payload, ctx) in zip(members, out):
+            payloads[i], contexts[i] = payload, ctx
+        done.update(members)
+    return done
+
+
 def run_rounds(
     compressors: Sequence[Compressor],
     tensors: Sequence[tf.Tensor],
@@ -117,7 +145,12 @@ def run_rounds(
     payloads = [None] * len(tensors)
     contexts = [None] * len(tensors)
     for bucket in buckets(compressors, tensors):
+        batched = _compress_batches(
+            compressors, tensors, states, keys, bucket, payloads, contexts
+        )
         for i in bucket:
+            if i in batched:
+                continue
             compressor = compressors[i]
             args = (tensors[i], states[i], keys[i])
             if compressor.reads_step_info:

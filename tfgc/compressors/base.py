@@ -48,6 +48,20 @@ Optional fused error feedback (single-round compressors only):
   takes the generic path. The choice is made in Python while tracing, so
   it adds nothing to the graph.
 
+Optional batched compression (single-round compressors that do not read
+step info):
+
+    out = compress_batch(xs, states, keys, residuals=None)
+
+* `xs` are several tensors of one dtype that this compressor (or one equal
+  to it: same type and config) compresses in the same bucket and step.
+  `out` is, per tensor, what `compress` returns, or with `residuals` what
+  `compress_with_residual` returns; the results must be those of the
+  per-tensor calls.
+* It returns None (the default) where batching gains nothing; the tensors
+  then go one by one. `TopK` and `MSTopK` batch where the compiled ops run
+  on a GPU: one segmented selection launch for all of a model's tensors.
+
 A compressor that sets `reads_step_info` is called as
 `compress(x, state, key, info)`, `info` a `StepInfo`: the variable's current
 value (read-only) and this worker's rank among the workers that exchange the
@@ -314,6 +328,16 @@ class Compressor:
         generic path". Only called when `rounds` is 1.
         """
         del x, residual, state, key
+        return None
+
+    def compress_batch(
+        self, xs: list, states: list, keys: list, residuals: list | None = None
+    ) -> list | None:
+        """`compress` (with `residuals`, `compress_with_residual`) of many
+        tensors of one dtype at once, or None for one by one (this
+        default). See the module docstring. Only called when `rounds` is 1
+        and `reads_step_info` is False."""
+        del xs, states, keys, residuals
         return None
 
     def payload_bytes(self, shape, dtype) -> int:

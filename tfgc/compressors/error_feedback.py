@@ -109,6 +109,27 @@ class ErrorFeedback(base.Compressor):
         )
         return payload, _Context(corrected, payload, ctx)
 
+    def compress_batch(self, xs, states, keys, residuals=None):
+        # Only the fused path batches: the generic one adds, compresses
+        # and subtracts per tensor anyway. No fused path of its own, as
+        # `compress_with_residual`: its residuals are in `states`.
+        if residuals is not None:
+            return None
+        fused = self.compressor.compress_batch(
+            xs,
+            [s.inner for s in states],
+            keys,
+            residuals=[
+                tf.cast(s.residual, x.dtype) for x, s in zip(xs, states)
+            ],
+        )
+        if fused is None:
+            return None
+        return [
+            (payload, _Context(None, payload, ctx, new_residual))
+            for payload, ctx, new_residual in fused
+        ]
+
     def next_round(self, reduced, ctx):
         payload, inner_ctx = self.compressor.next_round(reduced, ctx.inner)
         return payload, ctx._replace(payload=payload, inner=inner_ctx)

@@ -30,12 +30,17 @@ class MSTopK(TopK):
     Args:
         density: fraction of entries to send, in (0, 1].
         rounds: bisection rounds, in [1, 64].
+        batch_selection: as `TopK`'s: one segmented selection for every
+            tensor of a bucket (None: where the compiled ops run on a GPU).
     """
 
     _fused_without_custom_ops = True
+    _selection_mode = "mstopk"
 
-    def __init__(self, density: float = 0.01, rounds: int = 20):
-        super().__init__(density)
+    def __init__(
+        self, density: float = 0.01, rounds: int = 20, batch_selection=None
+    ):
+        super().__init__(density, batch_selection)
         self.bisection_rounds = base.check_positive_int("rounds", rounds)
         if self.bisection_rounds > 64:
             raise ValueError(
@@ -53,9 +58,12 @@ class MSTopK(TopK):
             k,
             mode="mstopk",
             rounds=self.bisection_rounds,
-            seed=_sparse.selection_seed(key),
+            seed=self._selection_seed(key),
             residual=residual,
         )
 
+    def _selection_seed(self, key):
+        return _sparse.selection_seed(key)
+
     def get_config(self):
-        return {"density": self.density, "rounds": self.bisection_rounds}
+        return dict(super().get_config(), rounds=self.bisection_rounds)

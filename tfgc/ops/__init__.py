@@ -10,7 +10,12 @@ XLA kernels); what XLA cannot compile at all is refused while tracing
 missing or broken.
 """
 
-from tfgc.ops._library import compiling_with_xla, refuse_xla, using_custom_ops
+from tfgc.ops._library import (
+    compiling_with_xla,
+    refuse_xla,
+    selects_segments_on_gpu,
+    using_custom_ops,
+)
 from tfgc.ops.bits import (
     pack_bits,
     unpack_bits,
@@ -46,6 +51,7 @@ __all__ = [
     "SegmentSelection",
     "SegmentSelectionWithResidual",
     "scatter_add_sum",
+    "selects_segments_on_gpu",
     "top_k_abs",
     "top_k_sample",
     "top_k_sample_segments",

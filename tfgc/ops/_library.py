@@ -207,6 +207,17 @@ def using_custom_ops() -> bool:
     return custom_ops() is not None
 
 
+def selects_segments_on_gpu() -> bool:
+    """Whether `top_k_sample_segments` runs the compiled op on a GPU: the
+    library is loaded with GPU kernels and TensorFlow sees a GPU (asked
+    last, so that CPU-only libraries initialise no GPU)."""
+    return (
+        custom_ops() is not None
+        and bool(ops_with_gpu_kernels(["Tfgc>TopKSampleSegments"]))
+        and bool(tf.config.list_logical_devices("GPU"))
+    )
+
+
 def load_error() -> str | None:
     """Why the library did not load, or None (also before the first try)."""
     return _state["error"]  # type: ignore[return-value]

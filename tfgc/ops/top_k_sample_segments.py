@@ -11,8 +11,9 @@ while XLA compiles the graph.
 On a GPU the compiled op selects in every segment with one set of launches
 (about a dozen, instead of about a dozen per tensor: ResNet-50 has ~160
 tensors); on the CPU it runs the single-tensor selection on each segment in
-turn. The GPU path has only run under the CUDA emulation of
-`custom_ops/cuda_harness` so far, and no compressor uses this op yet.
+turn. `TopK` and `MSTopK` select with it for every tensor of a bucket
+where the compiled ops run on a GPU (`batch_selection`). The GPU path has
+only run under the CUDA emulation of `custom_ops/cuda_harness` so far.
 """
 
 from __future__ import annotations
