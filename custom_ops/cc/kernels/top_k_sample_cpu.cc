@@ -11,10 +11,13 @@
 // statistics come from the candidates (two 11-bit histogram levels, then
 // nth_element in one small bucket), the bisection runs on them without
 // touching the data, and the selection is written from the candidates.
-// Only when the sample misleads, or the bisection's lo threshold lies below
-// the floor, is the compaction repeated at a lower floor. Every full pass
-// is split into fixed blocks run on the intra-op thread pool, and every
-// result is exactly the one of the pure-TF reference.
+// When mstopk's lo threshold lies below the floor (a coarse grid, as with
+// one huge outlier), its band is counted per span in one more pass and the
+// band slice read from the input; otherwise only when the sample misleads,
+// or threshold's lo lies below the floor, is the compaction repeated at a
+// lower floor. Every full pass is split into fixed blocks run on the
+// intra-op thread pool, and every result is exactly the one of the pure-TF
+// reference.
 
 #define EIGEN_USE_THREADS
 
@@ -197,10 +200,14 @@ double SampledShare(const Candidates& cand, int64_t floor) {
 // F is the sample's lower bound of the largest rank the mode reads (but
 // above 0: gradients may be mostly zeros). The lo threshold lies within one
 // step of the bisection's grid, diff 2^-rounds, below the (k+1)-th key, so
-// on most data the candidates hold it too. When they do not decide or hold
-// the selection (a coarse grid, as with one huge outlier, or a misleading
-// sample), the compaction is repeated at a lower F, at worst 0 (every
-// element).
+// on most data the candidates hold it too. When mstopk's lo threshold lies
+// below F (a coarse grid, as with one huge outlier), one counting pass per
+// span of the input replaces a compaction of the band, and the band slice
+// is read from the span where it starts (only `need` band keys are
+// selected, however many the band holds). When the candidates cannot
+// decide a comparison or threshold's lo lies below F (its selection is
+// every key > lo; or a misleading sample), the compaction is repeated at a
+// lower F, at worst 0 (every element).
 template <typename T>
 SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
                             int64_t k, TopKSampleMode mode, int rounds,
@@ -212,6 +219,7 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
   }
   const bool trimmed = mode == TopKSampleMode::kTrimmed;
   const bool strict = mode == TopKSampleMode::kThreshold;
+  cand->band_in_input = false;
   DrawSample(in, cand);
   // The largest rank the mode reads. Zeros are candidates only when the
   // selection turns out to need them.
@@ -257,7 +265,21 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
       floor = e.lowest;
       continue;
     }
-    if (e.has_lo && e.lo < floor) {
+    if (e.has_lo && e.lo < floor && !strict) {
+      // mstopk's band reaches below the candidates. It selects only `need`
+      // band keys, however many the band holds, so count the band per
+      // span instead of compacting it; Write reads the slice from the span
+      // where it starts. hi > v1 >= floor (v1 is exact here), so the
+      // candidates hold every key above the band.
+      const uint32_t hi = e.has_hi ? e.hi : kNoKey;
+      CountKeysInRange(ctx, data.x, n, e.lo, hi, &cand->band_counts);
+      int64_t band = 0;
+      for (int64_t c : cand->band_counts) band += c;
+      const int64_t above = CountCandidates(*cand, hi, false, 0)[0];
+      cand->band_in_input = true;
+      return MsTopKPlan(e, above, above + band, n, k, seed);
+    }
+    if (e.has_lo && e.lo < floor) {  // threshold selects every key > lo
       floor = e.lo;
       continue;
     }
@@ -331,10 +353,49 @@ absl::Status WriteWholeBand(int64_t n, const SelectionPlan& p,
   return out->Check(p, size);
 }
 
+// Writes mstopk's selection when its band reaches below the candidates
+// (Candidates::band_in_input): the candidates above the band and the band
+// slice, ranks [start, start + need) of the keys in [band_lo, above) in
+// index order, read from the input from the span where rank `start` lies;
+// the two merged in index order.
+template <typename T>
+absl::Status WriteBandSlice(int64_t n, const SelectionPlan& p,
+                            const Candidates& cand, Output<T>* out) {
+  const uint32_t hi = p.has_above ? p.above : kNoKey;
+  int64_t span = 0;
+  int64_t rank = 0;  // of the first band key of span `span`
+  const auto spans = static_cast<int64_t>(cand.band_counts.size());
+  while (span < spans && rank + cand.band_counts[span] <= p.start) {
+    rank += cand.band_counts[span++];
+  }
+  std::vector<int64_t> slice;  // the band slice's indices, increasing
+  slice.reserve(p.need);
+  const int64_t band_end = p.start + p.need;
+  for (int64_t i = span * kSpan; i < n && rank < band_end; ++i) {
+    const uint32_t key = ElementKey(out->x[i]);
+    if (key < p.band_lo || key >= hi) continue;
+    if (rank >= p.start) slice.push_back(i);
+    ++rank;
+  }
+  const auto size = static_cast<int64_t>(cand.keys.size());
+  int64_t c = 0;
+  for (int64_t i : slice) {
+    for (; c < size && cand.index[c] < i; ++c) {
+      if (IsAbove(p, cand.keys[c])) out->Take(cand.index[c], cand.value[c]);
+    }
+    out->Take(i);
+  }
+  for (; c < size; ++c) {
+    if (IsAbove(p, cand.keys[c])) out->Take(cand.index[c], cand.value[c]);
+  }
+  return out->Check(p, size);
+}
+
 // Writes the plan's selection from the candidates, in index order.
 template <typename T>
 absl::Status Write(int64_t n, const SelectionPlan& p, Candidates* cand_p,
                    Output<T>* out) {
+  if (cand_p->band_in_input) return WriteBandSlice(n, p, *cand_p, out);
   if (!p.has_band_lo && p.need > 0) {
     return WriteWholeBand(n, p, *cand_p, out);
   }

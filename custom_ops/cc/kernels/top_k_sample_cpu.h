@@ -93,13 +93,20 @@ struct Candidates {
   std::vector<uint32_t> sample;        // the sampled keys
   DigitHist sample_top;
   std::vector<uint32_t> bucket;        // KthLargest's scratch
+  // Set by PlanSelection when mstopk's band reaches below the candidates
+  // (a coarse bisection grid, as with one huge outlier): band_counts[s]
+  // counts the band keys in span s (kSpan elements) of the input, from
+  // which WriteSelection reads the band slice.
+  bool band_in_input = false;
+  std::vector<int64_t> band_counts;
 
   int64_t Bytes() const {
     int64_t bytes = 4 * static_cast<int64_t>(value.capacity() +
                                              index.capacity() +
                                              keys.capacity() +
                                              sample.capacity() +
-                                             bucket.capacity());
+                                             bucket.capacity()) +
+                    8 * static_cast<int64_t>(band_counts.capacity());
     for (const CandidateBuffer& p : parts) bytes += 8 * p.capacity;
     return bytes;
   }
@@ -159,6 +166,15 @@ struct Stats {
 template <typename T>
 Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
               uint32_t s, double fraction, Candidates* cand);
+
+// Elements per span of Candidates::band_counts.
+constexpr int64_t kSpan = int64_t{1} << 16;
+
+// Counts, per span of kSpan elements of x[0, n), the elements whose key
+// is in [lo, hi), into `counts` (top_k_sample_cpu_scan.cc).
+template <typename T>
+void CountKeysInRange(OpKernelContext* ctx, const T* x, int64_t n,
+                      uint32_t lo, uint32_t hi, std::vector<int64_t>* counts);
 
 // The plan of the selection of k elements of `in` (output_size elements in
 // threshold mode), 0 <= k <= n; writes acc with a residual. Leaves in

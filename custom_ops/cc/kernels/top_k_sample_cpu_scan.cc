@@ -286,6 +286,62 @@ Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
   return stats ? Combine(block_stats) : Stats();
 }
 
+namespace {
+
+template <typename T>
+int64_t CountInRangeScalar(const T* x, int64_t begin, int64_t end,
+                           uint32_t lo, uint32_t hi) {
+  int64_t count = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const uint32_t key = ElementKey(x[i]);
+    count += key >= lo && key < hi;
+  }
+  return count;
+}
+
+#if TFGC_HAVE_AVX2_PATH
+// CountInRangeScalar eight keys per compare (keys are below 2^31, so signed
+// compares order them; lo - 1 = -1 when lo = 0).
+template <typename T>
+TFGC_AVX2 int64_t CountInRangeAvx2(const T* x, int64_t begin, int64_t end,
+                                   uint32_t lo, uint32_t hi) {
+  const __m256i below = _mm256_set1_epi32(static_cast<int32_t>(lo - 1));
+  const __m256i top = _mm256_set1_epi32(static_cast<int32_t>(hi));
+  __m256i cnt = _mm256_setzero_si256();
+  int64_t i = begin;
+  for (; i + 8 <= end; i += 8) {
+    const __m256i key = LoadKey8(x + i);
+    const __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(key, below),
+                                        _mm256_cmpgt_epi32(top, key));
+    cnt = _mm256_sub_epi32(cnt, in);
+  }
+  return HorizontalSum(cnt) + CountInRangeScalar(x, i, end, lo, hi);
+}
+#endif  // TFGC_HAVE_AVX2_PATH
+
+}  // namespace
+
+template <typename T>
+void CountKeysInRange(OpKernelContext* ctx, const T* x, int64_t n,
+                      uint32_t lo, uint32_t hi, std::vector<int64_t>* counts) {
+  const int64_t spans = (n + kSpan - 1) / kSpan;
+  counts->assign(spans, 0);
+  Blocks blocks(spans, NumThreads(ctx), 1);
+  ForEachBlock(ctx, blocks, [&](int64_t b) {
+    for (int64_t s = blocks.begin(b); s < blocks.end(b); ++s) {
+      const int64_t begin = s * kSpan;
+      const int64_t end = std::min(n, begin + kSpan);
+#if TFGC_HAVE_AVX2_PATH
+      if (UseAvx2()) {
+        (*counts)[s] = CountInRangeAvx2(x, begin, end, lo, hi);
+        continue;
+      }
+#endif
+      (*counts)[s] = CountInRangeScalar(x, begin, end, lo, hi);
+    }
+  });
+}
+
 template Stats Compact(OpKernelContext*, const TopKSampleInput<float>&, bool,
                        uint32_t, double, Candidates*);
 template Stats Compact(OpKernelContext*, const TopKSampleInput<Eigen::half>&,
@@ -293,6 +349,14 @@ template Stats Compact(OpKernelContext*, const TopKSampleInput<Eigen::half>&,
 template Stats Compact(OpKernelContext*,
                        const TopKSampleInput<Eigen::bfloat16>&, bool,
                        uint32_t, double, Candidates*);
+
+#define TFGC_INSTANTIATE_COUNT(T)                                            \
+  template void CountKeysInRange(OpKernelContext*, const T*, int64_t,        \
+                                 uint32_t, uint32_t, std::vector<int64_t>*);
+TFGC_INSTANTIATE_COUNT(float)
+TFGC_INSTANTIATE_COUNT(Eigen::half)
+TFGC_INSTANTIATE_COUNT(Eigen::bfloat16)
+#undef TFGC_INSTANTIATE_COUNT
 
 }  // namespace cpu
 }  // namespace tfgc
