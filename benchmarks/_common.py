@@ -80,6 +80,19 @@ def parse_args(
     return args
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo, or what `platform` knows."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return model
+
+
 def machine_meta(repeats: int) -> dict:
     """What the results say about the machine and the run."""
     return {

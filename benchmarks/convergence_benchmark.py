@@ -1,46 +1,62 @@
 """Convergence at equal steps on real data, per compressor, against dense.
 
-Two tasks with data that needs no download, each trained for the same
-number of steps under MirroredStrategy on two logical CPUs (two workers
-with different data; SBC's local steps and the importance root need more
-than one):
+Item 6 of issue 12. Two tasks with data that needs no download, each
+trained for the same number of steps per compressor under MirroredStrategy
+on two logical CPUs (two workers with different data; SBC's local steps and
+the importance root need more than one):
 
-* `lstm_ptb`: the LSTM LM "small" configuration (Zaremba et al.; 2 x 200
-  LSTM, SGD lr 1, clip-norm 5) on the Penn Treebank subset in
-  ../shared/data/ptb-subset; test perplexity on its test file.
+* `lstm_ptb`: the LSTM LM "small" configuration of Zaremba et al. (2 x 200
+  LSTM, 20 unrolled steps, batch 20 (10 per worker), SGD lr 1, clip-norm
+  5, no dropout) on the Penn Treebank subset in ../shared/data/ptb-subset; test
+  perplexity on its test file.
 * `resnet_digits`: a small ResNet v1.5 (bottleneck blocks (1, 1, 1, 1),
   width 16, 3x3 stem; models/resnet50_imagenet/resnet.py) on the 8x8
   handwritten digits that ship with scikit-learn (1,497 train, 300 test),
   SGD lr 0.05 with momentum 0.9; test accuracy.
 
-Per run: final training loss, the test metric, the total compression factor
-over the run (dense fp32 bytes x steps / all bytes sent,
-`compression_stats()["run_compression_ratio"]`) and, for SBC, the measured
-Golomb bits per position against the formula. RedSync takes the task's
-momentum (0 for the LSTM) and the inner SGD none. Writes
-`benchmarks/results/convergence_cpu.md` and `.json`.
+The compressors: dense fp32 and fp16, the baselines TopK, RandomK, scaled
+SignSGD and PowerSGD (rank 4), and the paper algorithms MSTopK, RedSync,
+SBC (delay 1 and 4), importance pruning and ACP-SGD (rank 4); density 1 %
+where one applies, error feedback on (RedSync: its own residual and the
+task's momentum, the inner SGD none).
 
-    python benchmarks/convergence_benchmark.py
-    python benchmarks/convergence_benchmark.py --tasks resnet_digits --steps 200
+Per run: the training loss of every step (recovered from Keras's running
+mean), the final training loss (mean of the last tenth of the steps), the
+test metric, the total compression factor over the run (dense fp32 bytes x
+steps / all bytes sent, `compression_stats()["run_compression_ratio"]`)
+and, for SBC, the measured Golomb bits per position against the formula.
+Writes `convergence.json`, `convergence.md` and one loss-curve plot per
+task, `convergence_<task>.png`, to `--out` (docs/benchmarks/):
+
+    python -m benchmarks.run --preset convergence
+    python benchmarks/convergence_benchmark.py --tasks resnet_digits \\
+        --steps 100 --compressors dense,topk --out /tmp/conv
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import shlex
 import sys
 import time
 
 import tensorflow as tf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
 
 import _common  # noqa: E402
 
 _common.split_cpu(2)
 
 import keras  # noqa: E402
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import tfgc  # noqa: E402
@@ -49,25 +65,29 @@ from tfgc import ops  # noqa: E402
 C = tfgc.compressors
 PTB = os.environ.get(
     "TFGC_PTB_SUBSET",
-    os.path.join(
-        os.path.dirname(os.path.dirname(HERE)), "shared/data/ptb-subset"
-    ),
+    os.path.join(os.path.dirname(REPO), "shared/data/ptb-subset"),
 )
-#: name -> factory(density, momentum) of the compressor.
+#: name -> (label, factory(density, momentum) of the compressor).
 COMPRESSORS = {
-    "dense": lambda d, m: C.Identity(),
-    "fp16": lambda d, m: C.FP16(),
-    "topk": lambda d, m: C.TopK(d),
-    "mstopk": lambda d, m: C.MSTopK(d),
-    "redsync": lambda d, m: C.RedSync(d, momentum=m, cost_model=None),
-    "randomk": lambda d, m: C.RandomK(d),
-    "signsgd": lambda d, m: C.SignSGD(),
-    "powersgd": lambda d, m: C.PowerSGD(rank=4),
-    "acpsgd": lambda d, m: C.ACPSGD(rank=4),
-    "sbc": lambda d, m: C.SBC(d),
-    "sbc_delay4": lambda d, m: C.SBC(d, delay=4),
-    "importance": lambda d, m: C.ImportancePruning(d),
+    "dense": ("dense fp32", lambda d, m: C.Identity()),
+    "fp16": ("dense fp16", lambda d, m: C.FP16()),
+    "topk": ("TopK", lambda d, m: C.TopK(d)),
+    "randomk": ("RandomK", lambda d, m: C.RandomK(d)),
+    "signsgd": ("SignSGD (scaled)", lambda d, m: C.SignSGD(scaled=True)),
+    "powersgd": ("PowerSGD rank 4", lambda d, m: C.PowerSGD(rank=4)),
+    "mstopk": ("MSTopK", lambda d, m: C.MSTopK(d)),
+    "redsync": (
+        "RedSync",
+        lambda d, m: C.RedSync(d, momentum=m, cost_model=None),
+    ),
+    "sbc": ("SBC", lambda d, m: C.SBC(d)),
+    "sbc_delay4": ("SBC delay 4", lambda d, m: C.SBC(d, delay=4)),
+    "importance": ("importance pruning", lambda d, m: C.ImportancePruning(d)),
+    "acpsgd": ("ACP-SGD rank 4", lambda d, m: C.ACPSGD(rank=4)),
 }
+#: Steps per task when --steps is not given.
+STEPS = {"resnet_digits": 200, "lstm_ptb": 500}
+DENSITY = 0.01
 
 
 class _GolombCounter:
@@ -104,20 +124,55 @@ class _GolombCounter:
         ops.golomb_encode = self._original
 
 
-def _ptb_task(steps: int):
+class _StepLosses(keras.callbacks.Callback):
+    """Each step's training loss, and a progress line every `every` steps.
+
+    Keras logs the running mean of the epoch's losses; with equal batches
+    the k-th loss is k * mean_k - (k - 1) * mean_(k-1).
+    """
+
+    def __init__(self, label: str, steps: int, every: int):
+        super().__init__()
+        self.label, self.steps, self.every = label, steps, every
+        self.losses: list[float] = []
+        self._total = 0.0
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        total = (batch + 1) * float(logs["loss"])
+        self.losses.append(total - self._total)
+        self._total = total
+        step = batch + 1
+        if step % self.every == 0 or step == self.steps:
+            recent = np.mean(self.losses[-self.every :])
+            print(
+                f"[convergence] {self.label} step {step}/{self.steps} "
+                f"loss {recent:.3f} (mean of the last {self.every}) "
+                f"{time.perf_counter() - self._start:.0f} s",
+                flush=True,
+            )
+
+
+def _ptb_task(tiny: bool):
     from models.lstm_lm import data, model
 
+    # Zaremba et al.'s "small": 20 unrolled steps (ModelSize's default is
+    # 35) and a batch of 20, here split over the two workers.
     size = model.SIZES["small"]
+    num_steps, batch, hidden = (5, 4, 16) if tiny else (20, 10, 200)
+    size = dataclasses.replace(size, hidden_size=hidden)
     train = data.read_words(os.path.join(PTB, "ptb.train.txt"))
     test = data.read_words(os.path.join(PTB, "ptb.test.txt"))
     vocab = data.build_vocab(train)
     train_ids = data.to_ids(train, vocab, "train")
     test_ids = data.to_ids(test, vocab, "test")
-    x, y = data.windows(train_ids, size.num_steps)
-    tx, ty = data.windows(test_ids, size.num_steps)
+    if tiny:
+        test_ids = test_ids[:2000]
+    x, y = data.windows(train_ids, num_steps)
+    tx, ty = data.windows(test_ids, num_steps)
 
     def build():
-        return model.build_model(size, len(vocab), size.num_steps)
+        return model.build_model(size, len(vocab), num_steps)
 
     return {
         "build": build,
@@ -128,13 +183,15 @@ def _ptb_task(steps: int):
         "momentum": 0.0,
         "train": (x, y),
         "test": (tx, ty),
-        "batch": size.batch_size,
+        "batch": batch,
         "metric": "perplexity",
-        "density": 0.01,
+        "description": f"LSTM LM 2 x {hidden}, {num_steps} unrolled steps, "
+        f"batch {batch} per worker, vocabulary {len(vocab):,}, SGD lr "
+        f"{size.learning_rate:g}, clip-norm {size.max_grad_norm:g}",
     }
 
 
-def _digits_task(steps: int):
+def _digits_task(tiny: bool):
     from sklearn.datasets import load_digits
 
     from models.resnet50_imagenet import resnet
@@ -144,13 +201,14 @@ def _digits_task(steps: int):
     labels = digits.target.astype("int32")
     order = np.random.default_rng(0).permutation(len(images))
     train, test = order[:-300], order[-300:]
+    width, batch = (4, 8) if tiny else (16, 32)
 
     def build():
         return resnet.resnet(
             (8, 8, 1),
             10,
             layers=(1, 1, 1, 1),
-            width=16,
+            width=width,
             cifar_stem=True,
             l2=0.0,
             name="small_resnet",
@@ -162,13 +220,14 @@ def _digits_task(steps: int):
         "momentum": 0.9,
         "train": (images[train], labels[train]),
         "test": (images[test], labels[test]),
-        "batch": 32,
+        "batch": batch,
         "metric": "accuracy",
-        "density": 0.01,
+        "description": f"ResNet v1.5, blocks (1, 1, 1, 1), width {width}, "
+        f"batch {batch} per worker, SGD lr 0.05 momentum 0.9",
     }
 
 
-TASKS = {"lstm_ptb": _ptb_task, "resnet_digits": _digits_task}
+TASKS = {"resnet_digits": _digits_task, "lstm_ptb": _ptb_task}
 
 
 def _inner_with_momentum(task, name):
@@ -177,7 +236,7 @@ def _inner_with_momentum(task, name):
     return keras.optimizers.SGD(momentum=momentum, **task["sgd"])
 
 
-def _run(task, name, steps):
+def _run(task, name, steps, label):
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     keras.utils.set_random_seed(0)
     x, y = task["train"]
@@ -186,7 +245,7 @@ def _run(task, name, steps):
     ds = ds.shuffle(len(x), seed=0).repeat().batch(global_batch, True)
     with strategy.scope():
         model = task["build"]()
-        compressor = COMPRESSORS[name](task["density"], task["momentum"])
+        compressor = COMPRESSORS[name][1](DENSITY, task["momentum"])
         optimizer = tfgc.CompressedOptimizer(
             _inner_with_momentum(task, name), compressor
         )
@@ -196,15 +255,18 @@ def _run(task, name, steps):
             metrics=["accuracy"],
             jit_compile=False,
         )
+    losses = _StepLosses(label, steps, max(1, steps // 10))
     start = time.perf_counter()
     with strategy.scope(), _GolombCounter() as golomb:
-        history = model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
+        model.fit(
+            ds, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[losses]
+        )
     seconds = time.perf_counter() - start
     tx, ty = task["test"]
     loss, accuracy = model.evaluate(tx, ty, batch_size=global_batch, verbose=0)
     stats = optimizer.compression_stats()
     result = {
-        "train_loss": float(history.history["loss"][-1]),
+        "train_loss": float(np.mean(losses.losses[-max(1, steps // 10) :])),
         "test_loss": float(loss),
         "test_metric": float(
             np.exp(loss) if task["metric"] == "perplexity" else accuracy
@@ -213,55 +275,102 @@ def _run(task, name, steps):
         "run_mean_bytes": stats["run_mean_bytes"],
         "dense_bytes": stats["dense_bytes"],
         "seconds": seconds,
+        "losses": [round(v, 5) for v in losses.losses],
     }
     positions = int(golomb.positions.numpy())
     if positions:
         result["bits_per_position"] = int(golomb.bits.numpy()) / positions
         # The formula at the density SBC selects with.
         result["bits_formula"] = ops.golomb_expected_bits_per_position(
-            1000, int(1000 / task["density"])
+            1000, int(1000 / DENSITY)
         )
     return result
 
 
-def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", default=",".join(TASKS))
-    parser.add_argument("--compressors", default=",".join(COMPRESSORS))
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument(
-        "--output", default=os.path.join(HERE, "results", "convergence_cpu")
-    )
-    args = parser.parse_args(argv)
+def smooth(values, window: int) -> np.ndarray:
+    """Trailing moving average (shorter at the start)."""
+    values = np.asarray(values, dtype=np.float64)
+    sums = np.cumsum(np.insert(values, 0, 0.0))
+    ends = np.arange(1, len(values) + 1)
+    starts = np.maximum(ends - window, 0)
+    return (sums[ends] - sums[starts]) / (ends - starts)
 
-    results = {}
-    for task_name in args.tasks.split(","):
-        task = TASKS[task_name](args.steps)
-        results[task_name] = {}
-        for name in args.compressors.split(","):
-            print(f"[convergence] {task_name} {name} ...", flush=True)
-            results[task_name][name] = _run(task, name, args.steps)
-            print(f"    {results[task_name][name]}", flush=True)
-    meta = _common.machine_meta(1)
+
+def plot(task_name: str, rows: dict, window: int, path: str) -> None:
+    """Loss vs step, one line per compressor, dense fp32 emphasised."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = plt.get_cmap("tab20").colors
+    for i, (name, row) in enumerate(rows.items()):
+        curve = smooth(row["losses"], window)
+        steps = np.arange(1, len(curve) + 1)
+        if name == "dense":
+            style = {"color": "black", "linewidth": 2.6, "zorder": 10}
+        elif name == "fp16":
+            style = {"color": "grey", "linewidth": 1.6, "linestyle": "--"}
+        else:
+            style = {"color": colors[i % len(colors)], "linewidth": 1.1}
+        ax.plot(steps, curve, label=COMPRESSORS[name][0], **style)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss (moving average over {window} steps)")
+    ax.set_title(f"{task_name}: training loss per compressor, density 1 %")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _compared(metric: str, value: float, dense: float | None) -> str:
+    if dense is None:
+        return ""
+    if metric == "perplexity":
+        return f"{value / dense:.2f}x"
+    return f"{100 * (value - dense):+.1f} points"
+
+
+def markdown(results: dict, meta: dict, plots: dict) -> str:
+    """The tables, the plots, the command and the machine."""
     lines = [
         "# Convergence at equal steps, per compressor",
         "",
-        f"{args.steps} steps per run, two workers (MirroredStrategy, two "
-        "logical CPUs), density 1 % where a compressor takes one, error "
-        "feedback on (RedSync: its own residual and the task's momentum). "
-        "The compression factor counts every step of the run, dense fp32 "
-        "bytes against all bytes sent (payloads and overhead). Command: "
-        "`python benchmarks/convergence_benchmark.py`.",
+        "Item 6 of issue 12. Two workers (MirroredStrategy, two logical "
+        "CPUs, different data per worker), the same seed and data order "
+        "for every compressor, density 1 % where a compressor takes one, "
+        "PowerSGD and ACP-SGD rank 4, error feedback on (RedSync: its own "
+        "residual and the task's momentum). Train loss: the mean of the "
+        "last tenth of the steps. The compression factor counts every "
+        "step of the run, dense fp32 bytes against all bytes sent "
+        "(payloads and overhead); on these small models the 1-D tensors "
+        "and headers are a large share, so the factors are far below "
+        "those on real model shapes. One seed: differences of a few "
+        "percent are within run-to-run noise.",
+        "",
+        f"Command: `{meta['command']}`. Machine: {meta['machine']}, "
+        f"TensorFlow {meta['tensorflow']}, compiled ops "
+        f"{'on' if meta['custom_ops'] else 'off'}; wall time "
+        f"{meta['wall_seconds'] / 60:.1f} min.",
     ]
-    for task_name, rows in results.items():
-        metric = TASKS[task_name](args.steps)["metric"]
+    if not meta.get("complete", True):
+        lines += ["", "**Incomplete: the sweep was cut short.**"]
+    for task_name, task in results.items():
+        rows, metric = task["runs"], task["metric"]
+        dense = rows.get("dense", {}).get("test_metric")
+        versus = "x dense" if metric == "perplexity" else "vs dense"
         lines += [
             "",
             f"## {task_name}",
             "",
-            f"| compressor | train loss | test {metric} | compression "
-            "factor over the run | SBC bits per position (formula) |",
-            "|---|---|---|---|---|",
+            f"{task['description']}; {task['steps']} steps per run.",
+            "",
+            f"![{task_name} loss curves]({os.path.basename(plots[task_name])})",
+            "",
+            f"*Training loss per step, a trailing moving average over "
+            f"{task['window']} steps; dense fp32 in thick black.*",
+            "",
+            f"| compressor | train loss | test {metric} | {versus} | "
+            "compression factor over the run | SBC bits per position "
+            "(formula) | seconds |",
+            "|---|---|---|---|---|---|---|",
         ]
         for name, row in rows.items():
             bits = ""
@@ -270,15 +379,102 @@ def main(argv=None) -> None:
                     f"{row['bits_per_position']:.2f} "
                     f"({row['bits_formula']:.2f})"
                 )
+            value = row["test_metric"]
+            shown = f"{value:.1f}" if metric == "perplexity" else f"{value:.1%}"
             lines.append(
-                f"| {name} | {row['train_loss']:.3f} | "
-                f"{row['test_metric']:.4g} | "
-                f"{row['run_compression_ratio']:,.0f}x | {bits} |"
+                f"| {COMPRESSORS[name][0]} | {row['train_loss']:.3f} | "
+                f"{shown} | {_compared(metric, value, dense)} | "
+                f"{row['run_compression_ratio']:,.0f}x | {bits} | "
+                f"{row['seconds']:.0f} |"
             )
+    return "\n".join(lines) + "\n"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--compressors", default=",".join(COMPRESSORS))
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="steps per run, every task (default: "
+        + ", ".join(f"{t} {n}" for t, n in STEPS.items())
+        + ")",
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="tiny models and batches: a check that the benchmark runs",
+    )
+    parser.add_argument(
+        "--out", default=os.path.join(REPO, "docs", "benchmarks")
+    )
+    return parser
+
+
+def _write(out: str, meta: dict, results: dict) -> None:
+    """The JSON, the markdown and one plot per task, in `out`."""
+    os.makedirs(out, exist_ok=True)
+    plots = {}
+    for task_name, task in results.items():
+        plots[task_name] = os.path.join(out, f"convergence_{task_name}.png")
+        plot(task_name, task["runs"], task["window"], plots[task_name])
     _common.write_results(
-        args.output, {"meta": meta, "results": results}, "\n".join(lines) + "\n"
+        os.path.join(out, "convergence"),
+        {"meta": meta, "results": results},
+        markdown(results, meta, plots),
     )
 
 
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser()
+    args = parser.parse_args(argv)
+    tasks = [t for t in args.tasks.split(",") if t]
+    names = [n for n in args.compressors.split(",") if n]
+    unknown = [t for t in tasks if t not in TASKS]
+    unknown += [n for n in names if n not in COMPRESSORS]
+    if unknown:
+        parser.error(
+            f"unknown {unknown}; tasks: {list(TASKS)}, compressors: "
+            f"{list(COMPRESSORS)}"
+        )
+    begin = time.perf_counter()
+    meta = _common.machine_meta(1)
+    del meta["repeats"], meta["unit"]
+    meta["command"] = " ".join(
+        ["python -m benchmarks.run --preset convergence", shlex.join(argv)]
+    ).strip()
+    results = {}
+    total, done = len(tasks) * len(names), 0
+    for task_name in tasks:
+        task = TASKS[task_name](args.tiny)
+        steps = args.steps or STEPS[task_name]
+        results[task_name] = {
+            "description": task["description"],
+            "metric": task["metric"],
+            "steps": steps,
+            "window": max(1, steps // 30),
+            "runs": {},
+        }
+        for name in names:
+            done += 1
+            print(
+                f"[convergence] run {done}/{total}: {task_name} {name}, "
+                f"{steps} steps ({time.perf_counter() - begin:.0f} s in)",
+                flush=True,
+            )
+            run = _run(task, name, steps, f"{task_name} {name}")
+            results[task_name]["runs"][name] = run
+            summary = {k: v for k, v in run.items() if k != "losses"}
+            print(f"    {summary}", flush=True)
+            # After every run, so that a cut-short sweep leaves its results.
+            meta["wall_seconds"] = time.perf_counter() - begin
+            meta["load_average"] = os.getloadavg()
+            meta["complete"] = done == total
+            _write(args.out, meta, results)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -420,19 +420,13 @@ def _load_average() -> str:
 def machine_meta(args) -> dict:
     import tensorflow as tf
 
+    from benchmarks._common import cpu_model
     from tfgc.ops import _library
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     return {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores ({cpu})",
+        "machine": (
+            f"{platform.machine()}, {os.cpu_count()} cores ({cpu_model()})"
+        ),
         "tensorflow": tf.__version__,
         "custom_ops": _library.using_custom_ops(),
         "workers": args.workers,

@@ -36,6 +36,10 @@ import sys
 import tempfile
 import time
 
+import keras
+
+import tfgc
+from benchmarks._common import cpu_model
 from benchmarks.lab import cluster, cost_fit, netns, report, tcprate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -105,6 +109,32 @@ PRESETS = {
         "fit": True,
         "holdout": "3",
     },
+    # The paper algorithms of tfgc.compressors at density 0.1 % (ACP-SGD
+    # has a rank, not a density: rank 4), SBC also with a delay of 4
+    # steps; warm-up and timed steps are whole rounds of that delay.
+    "papers-1gbit": {
+        "hosts": 4,
+        "rate": "1gbit",
+        "model": "standin",
+        "compressors": "topk:0.001 redsync:0.001 mstopk:0.001 sbc:0.001 "
+        "sbc:0.001,delay=4 importance:0.001 acpsgd:rank=4",
+        "steps": 8,
+        "warmup": 4,
+        "timeout": 900,
+    },
+    # HiTopKComm: MSTopK's flat all-gather among all 4 workers vs the
+    # hierarchical communicator (2 hosts x 2 workers, loopback inside a
+    # host, only the compressed shards between hosts).
+    "hitopk": {
+        "hosts": 2,
+        "workers_per_host": 2,
+        "rate": "1gbit",
+        "model": "standin-small",
+        "compressors": "mstopk:0.001 mstopk:0.001,communicator=hierarchical",
+        "steps": 20,
+        "warmup": 2,
+        "timeout": 600,
+    },
     # Item 5: tfgc's fused collectives vs one collective per tensor.
     "fusion": {
         "hosts": 4,
@@ -140,14 +170,23 @@ class _Terminated(BaseException):
 
 
 def parse_compressor(text: str) -> dict:
-    """'topk:0.001' | 'powersgd:rank=4' | 'signsgd:scaled=false,ef=0'."""
+    """'topk:0.001' | 'powersgd:rank=4' | 'signsgd:scaled=false,ef=0' |
+    'mstopk:0.001,communicator=hierarchical'.
+
+    `ef` (error feedback, default on) and `communicator` (a name of
+    `tfgc.communicators`; "hierarchical" groups each host's
+    `--workers_per_host` workers) are the optimizer's; the rest go to the
+    compressor ("none" is None).
+    """
     name, _, args = text.partition(":")
-    kwargs, error_feedback = {}, True
+    kwargs, error_feedback, communicator = {}, True, "auto"
     for item in filter(None, args.split(",")):
         key, eq, value = item.partition("=")
         if not eq:  # a bare number is the density
             key, value = "density", item
-        value = {"true": True, "false": False}.get(value.lower(), value)
+        value = {"true": True, "false": False, "none": None}.get(
+            value.lower(), value
+        )
         if isinstance(value, str):
             try:
                 value = int(value) if value.isdigit() else float(value)
@@ -155,6 +194,8 @@ def parse_compressor(text: str) -> dict:
                 pass
         if key == "ef":
             error_feedback = bool(value)
+        elif key == "communicator":
+            communicator = str(value)
         else:
             kwargs[key] = value
     label = (
@@ -168,7 +209,45 @@ def parse_compressor(text: str) -> dict:
         "compressor": name,
         "kwargs": kwargs,
         "error_feedback": error_feedback,
+        "communicator": communicator,
     }
+
+
+def check_compressors(text: str, workers_per_host: int) -> None:
+    """Builds every `--compressors` entry's optimizer once, in this
+    process, so that an unknown name or a bad argument is a usage error
+    before any namespace or worker exists.
+
+    Raises:
+        ValueError: naming the entry, the problem and the known names.
+    """
+    for entry in text.split():
+        case = parse_compressor(entry)
+        known = (
+            f"Known compressors: {', '.join(tfgc.compressors.names())}; "
+            "communicators: "
+            f"{', '.join(tfgc.communicators.names())}."
+        )
+        communicator = case["communicator"]
+        try:
+            if communicator == "hierarchical":
+                communicator = tfgc.communicators.Hierarchical(
+                    workers_per_host=workers_per_host
+                )
+            tfgc.CompressedOptimizer(
+                keras.optimizers.SGD(),
+                compressor=tfgc.compressors.get(
+                    case["compressor"], **case["kwargs"]
+                ),
+                error_feedback=case["error_feedback"],
+                communicator=communicator,
+            )
+        except (TypeError, ValueError) as err:
+            reason = str(err).rstrip(".")
+            raise ValueError(
+                f"`--compressors` entry {entry!r} cannot be built: {reason}."
+                f" {known} Received: --compressors={text!r}"
+            ) from None
 
 
 def cases(compressors: str, per_tensor: bool = False) -> list[dict]:
@@ -184,10 +263,19 @@ def cases(compressors: str, per_tensor: bool = False) -> list[dict]:
         "error_feedback": False,
     }
     listed = [parse_compressor(c) for c in compressors.split() if c]
-    local = [
-        dict(c, name=f"{c['name']}, no communication", kind="local_compressed")
-        for c in listed
-    ]
+    # One local case per compressor: the communicator does not matter.
+    local, seen = [], set()
+    for c in listed:
+        key = repr((c["compressor"], c["kwargs"], c["error_feedback"]))
+        if key not in seen:
+            seen.add(key)
+            local.append(
+                dict(
+                    c,
+                    name=f"{c['name']}, no communication",
+                    kind="local_compressed",
+                )
+            )
     unfused = [
         dict(c, name=f"{c['name']}, per tensor", kind="compressed_per_tensor")
         for c in listed
@@ -203,17 +291,8 @@ def cases(compressors: str, per_tensor: bool = False) -> list[dict]:
 
 
 def machine() -> dict:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
     return {
-        "cpu": model,
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "kernel": platform.release(),
         "python": platform.python_version(),
@@ -234,6 +313,7 @@ def run_once(
         "cases": cases(args.compressors, args.per_tensor),
         "steps": args.steps,
         "warmup": args.warmup,
+        "workers_per_host": per_host,
     }
     result = {
         "rate": rate,
@@ -245,11 +325,16 @@ def run_once(
     with tempfile.TemporaryDirectory(prefix="tfgc-lab-") as tmp:
         spec["result_dir"] = tmp
         if args.localhost:
-            from tfgc.launch import free_ports
+            from tfgc.launch import free_ports, host_names
 
+            # One loopback address per host, as `tfgc.launch --hosts`,
+            # so that the hierarchical communicator finds the hosts.
+            count = hosts * per_host
             workers = [
-                cluster.Worker("127.0.0.1", port, label=f"w{i}")
-                for i, port in enumerate(free_ports(hosts * per_host))
+                cluster.Worker(address, port, label=f"w{i}")
+                for i, (address, port) in enumerate(
+                    zip(host_names(count, hosts), free_ports(count))
+                )
             ]
             _run_workers(workers, spec, tmp, deadline)
         else:
@@ -324,7 +409,11 @@ def _parser() -> argparse.ArgumentParser:
         help="smoke: CI's 2-host check of the lab; 1gbit, 10gbit: 4 hosts, "
         "the stand-in; lstm-1gbit, resnet50-1gbit: 4 hosts, those models; "
         "costmodel: 2, 3 and 4 hosts at 1 and 10 Gbit/s and the fit; "
-        "fusion: fused vs one collective per tensor",
+        "fusion: fused vs one collective per tensor; papers-1gbit: the "
+        "paper algorithms, 4 hosts, the stand-in; hitopk: MSTopK flat vs "
+        "hierarchical, 2 hosts x 2 workers; convergence (first flag, no "
+        "root): loss curves per compressor on real data, "
+        "benchmarks/convergence_benchmark.py",
     )
     parser.add_argument("--hosts", help="hosts, e.g. 4; a comma list sweeps")
     parser.add_argument("--workers_per_host", type=int)
@@ -342,7 +431,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--compressors",
         help="space-separated, e.g. 'topk:0.001 powersgd:rank=4 "
-        "signsgd:scaled=false,ef=0' (error feedback unless ef=0)",
+        "signsgd:scaled=false,ef=0 mstopk:0.001,communicator=hierarchical'"
+        " (error feedback unless ef=0; the hierarchical communicator "
+        "groups each host's --workers_per_host workers)",
     )
     parser.add_argument("--steps", type=int, help="timed steps per case")
     parser.add_argument("--warmup", type=int, help="untimed steps first")
@@ -400,6 +491,10 @@ def _settings(args) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["--preset", "convergence"]:
+        # Item 6: no network, its own script and flags (see its --help).
+        script = os.path.join(REPO, "benchmarks", "convergence_benchmark.py")
+        return subprocess.call([sys.executable, script, *argv[2:]])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.cleanup:
@@ -431,6 +526,10 @@ def main(argv: list[str] | None = None) -> int:
         or args.workers_per_host < 1
     ):
         parser.error("--hosts must be in [1, 99], --workers_per_host >= 1")
+    try:
+        check_compressors(args.compressors, args.workers_per_host)
+    except ValueError as err:
+        parser.error(str(err))
     if not args.localhost and not netns.have_net_admin():
         print(netns.no_privilege_message(), file=sys.stderr)
         return EXIT_USAGE

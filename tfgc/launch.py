@@ -39,6 +39,7 @@ __all__ = [
     "host_names",
     "main",
     "run",
+    "stop_workers",
     "tf_config",
 ]
 
@@ -225,9 +226,18 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def _stop(procs: Sequence[subprocess.Popen], grace: float) -> None:
-    """Stops every worker's process group: SIGTERM, then SIGKILL."""
-    # Signal groups even of exited workers: their children may live on.
+def stop_workers(procs: Sequence[subprocess.Popen], grace: float = 5.0) -> None:
+    """Stops every worker's process group: SIGTERM, then SIGKILL.
+
+    Each worker must lead its own process group (started with
+    ``start_new_session=True``), so that whatever it started goes with it.
+    Groups are signalled even of workers that have exited: their children
+    may live on.
+
+    Args:
+        procs: The workers, as started by ``subprocess.Popen``.
+        grace: Seconds between SIGTERM and SIGKILL, shared by all workers.
+    """
     for proc in procs:
         _signal_group(proc, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -352,7 +362,7 @@ def run(
                     f"{_LAUNCH_PREFIX}cannot start worker {index} with "
                     f"command {list(command)!r}: {err}"
                 )
-                _stop(procs, grace)
+                stop_workers(procs, grace)
                 return EXIT_CANNOT_START
             procs.append(proc)
             pump = threading.Thread(
@@ -366,11 +376,11 @@ def run(
         code = _wait(procs, timeout, grace, out)
     except KeyboardInterrupt:
         out.line(f"{_LAUNCH_PREFIX}interrupted; stopping all workers")
-        _stop(procs, grace)
+        stop_workers(procs, grace)
         code = EXIT_SIGINT
     except _Terminated:
         out.line(f"{_LAUNCH_PREFIX}got SIGTERM; stopping all workers")
-        _stop(procs, grace)
+        stop_workers(procs, grace)
         code = EXIT_SIGTERM
     # Let the pumps print what is left, but do not hang on pipes that a
     # stray grandchild still holds open.
@@ -395,7 +405,7 @@ def _wait(
                     f"{_LAUNCH_PREFIX}worker {index} {_describe(returncode)}; "
                     "stopping the other workers"
                 )
-                _stop(procs, grace)
+                stop_workers(procs, grace)
                 return _exit_code(returncode)
         if all(returncode == 0 for returncode in codes):
             out.line(f"{_LAUNCH_PREFIX}all {len(procs)} worker(s) exited 0")
@@ -406,7 +416,7 @@ def _wait(
                 f"{_LAUNCH_PREFIX}timeout of {timeout:g} s expired with "
                 f"worker(s) {running} still running; stopping all workers"
             )
-            _stop(procs, grace)
+            stop_workers(procs, grace)
             return EXIT_TIMEOUT
         time.sleep(_POLL_S)
 

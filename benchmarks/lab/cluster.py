@@ -2,21 +2,23 @@
 
 Each worker is its own session (`start_new_session`), so stopping it
 stops whatever it started; any worker failing, or the deadline passing,
-stops the others. Unlike `tfgc.launch`, every worker may run behind its
-own command prefix (`ip netns exec <host>`) and address.
+stops the others (`tfgc.launch.stop_workers`). Unlike `tfgc.launch`,
+every worker may run behind its own command prefix (`ip netns exec
+<host>`) and address.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from tfgc.launch import stop_workers
 
 GRACE_S = 5.0
 
@@ -42,21 +44,6 @@ def _pump(pipe, prefix: str, lock: threading.Lock) -> None:
             with lock:
                 sys.stdout.write(prefix + raw.decode("utf-8", "replace"))
                 sys.stdout.flush()
-
-
-def _stop(procs: Sequence[subprocess.Popen]) -> None:
-    for sig, wait in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, 5.0)):
-        for proc in procs:
-            try:
-                os.killpg(proc.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        deadline = time.monotonic() + wait
-        for proc in procs:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
 
 
 def run(
@@ -122,6 +109,6 @@ def run(
             time.sleep(0.1)
     finally:
         # Also on success: a worker's stray children go with its session.
-        _stop(procs)
+        stop_workers(procs, GRACE_S)
         for pump in pumps:
             pump.join(timeout=2.0)

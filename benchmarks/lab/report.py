@@ -27,13 +27,19 @@ def summarize(per_worker: list[dict], hosts: int, per_host: int, steps: int):
     rows = []
     for j, case in enumerate(per_worker[0]["cases"]):
         medians = [w["cases"][j]["median_step_s"] for w in per_worker]
+        # With a communication delay d, d - 1 of d steps send nothing: the
+        # mean over whole rounds is the step time, the median is not.
+        mean = case.get("delay", 1) > 1
         row = {
             "name": case["name"],
             "kind": case["kind"],
             "median_step_s": case["median_step_s"],  # worker 0
+            "mean_step_s": case.get("mean_step_s"),
+            "step_s": case["mean_step_s"] if mean else case["median_step_s"],
+            "step_statistic": "mean" if mean else "median",
             "slowest_worker_median_s": max(medians),
-            "steps_per_s": 1.0 / case["median_step_s"],
         }
+        row["steps_per_s"] = 1.0 / row["step_s"]
         deltas = [
             per_worker[h * per_host]["cases"][j]["counters_delta"]
             for h in range(hosts)
@@ -62,15 +68,21 @@ def summarize(per_worker: list[dict], hosts: int, per_host: int, steps: int):
                 row["measured_tx_bytes"] / row["analytic_wire_bytes"]
             )
         rows.append(row)
-    by_kind = {r["name"]: r["median_step_s"] for r in rows}
+    by_kind = {r["name"]: r["step_s"] for r in rows}
     for row in rows:
-        t = row["median_step_s"]
+        t = row["step_s"]
         row["speedup_vs_fp32"] = by_kind["dense fp32"] / t
         row["speedup_vs_fp16"] = by_kind["dense fp16"] / t
         row["times_floor"] = t / by_kind["no communication"]
         if row["kind"] == "local_compressed":
             row["compression_overhead_s"] = t - by_kind["no communication"]
     return rows
+
+
+def step_s(row: dict) -> float:
+    """A row's step time: `step_s`, or the median of results written
+    before rows had it."""
+    return row.get("step_s", row["median_step_s"])
 
 
 def _mb(x) -> str:
@@ -87,10 +99,14 @@ def markdown(results: dict, plots: list[str]) -> str:
         f"Load at the end: `{results['uptime']}`.",
         "",
         "Step time: median over the timed steps on worker 0 (all workers "
-        "wait for each other's collectives). Bytes: per step, per host "
-        "link, sent (veth tx) as measured and as tfgc's payload bytes times "
-        "the ring's transport factor (all-reduce 2(n-1)/n, all-gather "
-        "n-1); the measurement includes TCP/IP and gRPC headers. "
+        "wait for each other's collectives); (mean): the mean, for a "
+        "compressor that communicates once per several steps (SBC's "
+        "delay). Bytes: per step, per host link, sent (veth tx) as "
+        "measured and as tfgc's payload bytes times the ring's transport "
+        "factor (all-reduce 2(n-1)/n, all-gather n-1, broadcast (n-1)/n; "
+        "under the hierarchical communicator: the host's g shards, each "
+        "exchanged among the m hosts); the measurement includes TCP/IP and "
+        "gRPC headers. "
         "x floor: step time / the no-communication step time.",
     ]
     for run in results["runs"]:
@@ -117,8 +133,9 @@ def markdown(results: dict, plots: list[str]) -> str:
         ]
         for r in run["cases"]:
             ratio = r.get("measured_over_analytic")
+            mean = " (mean)" if r.get("step_statistic") == "mean" else ""
             lines.append(
-                f"| {r['name']} | {r['median_step_s'] * 1e3:,.1f} | "
+                f"| {r['name']}{mean} | {step_s(r) * 1e3:,.1f} | "
                 f"{r['steps_per_s']:.2f} | {r['speedup_vs_fp32']:.2f}x | "
                 f"{r['speedup_vs_fp16']:.2f}x | {r['times_floor']:.2f} | "
                 f"{_mb(r.get('measured_tx_bytes'))} | "
@@ -303,7 +320,7 @@ def plot_step_times(results: dict, path: str) -> None:
         xs = [k + i * width for k in range(len(names))]
         ax.bar(
             xs,
-            [r["median_step_s"] for r in run["cases"]],
+            [step_s(r) for r in run["cases"]],
             width,
             label=_label(run),
         )

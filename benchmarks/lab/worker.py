@@ -7,15 +7,24 @@ this worker's results (`result_dir/worker<i>.json`). All cases run in one
 process under one MultiWorkerMirroredStrategy (a second strategy in a
 process would reuse collective keys):
 - `dense_fp32`: the plain Keras optimizer, which all-reduces fp32;
-- `compressed`: `tfgc.CompressedOptimizer` with the case's compressor;
+- `compressed`: `tfgc.CompressedOptimizer` with the case's compressor,
+  through the case's communicator ("auto", or "hierarchical":
+  `tfgc.communicators.Hierarchical(workers_per_host)`, HiTopKComm);
 - `compressed_per_tensor`: the same with one optimizer per variable, so
   one collective per tensor instead of tfgc's fused ones (`PerTensor`);
 - `floor`: the same model and step outside the strategy, no collective;
 - `local_compressed`: the floor's step through `CompressedOptimizer`,
-  which compresses and decompresses without communicating (one worker).
+  which compresses and decompresses without communicating (one worker; a
+  compressor that weighs the network's costs per tensor, RedSync, is told
+  `cost_model=None` so that it compresses every tensor as it does with
+  peers).
 Each case: `warmup` steps, a barrier, the timed steps (each fetched to
-the host), a barrier. With `netdev`, the host's veth counters are read
-inside its namespace after each of the two barriers.
+the host), a barrier. A compressor with a communication delay d (SBC)
+communicates once per d steps, so its step time is reported as the mean
+over the timed steps (whole rounds when `warmup` and `steps` are
+multiples of d), not the median, which would be a local step's. With
+`netdev`, the host's veth counters are read inside its namespace after
+each of the two barriers.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import tensorflow as tf
 
 import tfgc
 from tfgc.compressors import ALL_GATHER, ALL_GATHER_RAGGED, ALL_REDUCE
+from tfgc.compressors.base import BROADCAST
 
 #: Batch per worker of each model.
 BATCH = {
@@ -52,12 +62,16 @@ def transport_factor(collective: str, workers: int) -> float | None:
 
     A ring all-reduce sends 2(n-1)/n of the buffer; a ring all-gather
     sends its own payload and forwards n-2 others: n-1 times its own size
-    when all sizes are equal. Others (broadcast): None, not modelled.
+    when all sizes are equal. A broadcast (a tree) delivers the root's
+    payload once to each of the n-1 others: (n-1)/n on average over the
+    workers. Others: None, not modelled.
     """
     if collective == ALL_REDUCE:
         return 2 * (workers - 1) / workers
     if collective in (ALL_GATHER, ALL_GATHER_RAGGED):
         return float(workers - 1)
+    if collective == BROADCAST:
+        return (workers - 1) / workers
     return None
 
 
@@ -100,14 +114,27 @@ def build(name: str, rng: np.random.Generator):
     raise ValueError(f"Unknown model {name!r}. Use one of {sorted(BATCH)}.")
 
 
-def make_optimizer(case: dict):
+def make_optimizer(case: dict, workers_per_host: int = 1):
+    """The case's optimizer; plain SGD (no momentum: RedSync applies its
+    own) under tfgc's wrapper for the compressed kinds."""
     sgd = keras.optimizers.SGD(LEARNING_RATE)
     if case["kind"] not in COMPRESSED:
         return sgd
+    kwargs = dict(case["kwargs"])
+    communicator = case.get("communicator", "auto")
+    if case["kind"] == "local_compressed":
+        communicator = "auto"  # one worker: nothing to arrange
+        if case["compressor"].lower() == "redsync":
+            kwargs["cost_model"] = None  # see the module docstring
+    elif communicator == "hierarchical":
+        communicator = tfgc.communicators.Hierarchical(
+            workers_per_host=workers_per_host
+        )
     return tfgc.CompressedOptimizer(
         sgd,
-        compressor=tfgc.compressors.get(case["compressor"], **case["kwargs"]),
+        compressor=tfgc.compressors.get(case["compressor"], **kwargs),
         error_feedback=case["error_feedback"],
+        communicator=communicator,
     )
 
 
@@ -117,22 +144,30 @@ class PerTensor:
     no switch that turns its fusion off, so the lab builds this from the
     public API."""
 
-    def __init__(self, case: dict):
+    def __init__(self, case: dict, workers_per_host: int = 1):
         self.case = case
+        self.workers_per_host = workers_per_host
         self.parts = []
 
     def build(self, variables) -> None:
-        self.parts = [make_optimizer(self.case) for _ in variables]
+        self.parts = [
+            make_optimizer(self.case, self.workers_per_host) for _ in variables
+        ]
         for part, variable in zip(self.parts, variables):
             part.build([variable])
 
-    @property
-    def compressor(self):
-        return self.parts[0].compressor
+    #: What `analytic_bytes` reads: the same in every part.
+    _SHARED = (
+        "compressor",
+        "min_compress_size",
+        "communicator",
+        "network_cost",
+    )
 
-    @property
-    def min_compress_size(self):
-        return self.parts[0].min_compress_size
+    def __getattr__(self, name):
+        if name in self._SHARED and self.parts:
+            return getattr(self.parts[0], name)
+        raise AttributeError(name)
 
     def apply(self, grads, variables) -> None:
         for part, grad, variable in zip(self.parts, grads, variables):
@@ -146,31 +181,76 @@ class PerTensor:
         }
 
 
-def analytic_bytes(case: dict, optimizer, variables, workers: int) -> dict:
-    """Payload bytes per step per worker as tfgc states them, and times
-    each collective's transport factor: what the wire should carry."""
-    payload, wire = 0, 0.0
+def _rounds(compressor, shape, dtype) -> list[tuple[float, str]]:
+    """(bytes, collective) of each round of a compressed tensor's exchange,
+    per worker and step, as the compressor states them."""
+    phases = compressor.phases()
+    # Phases take turns (ACP-SGD's P and Q steps): their mean per step.
+    nbytes = sum(c.payload_bytes(shape, dtype) for c in phases) / len(phases)
+    # A communication delay (SBC) sends once per `delay` steps.
+    nbytes /= compressor.delay
+    collectives = compressor.collectives()
+    if len(set(collectives)) == 1:
+        return [(nbytes, collectives[0])]
+    if isinstance(compressor, tfgc.compressors.ImportancePruning):
+        # The root's positions (int32, broadcast), then the values.
+        positions = compressor.num_selected(shape) * 4
+        return [(positions, BROADCAST), (nbytes - positions, ALL_REDUCE)]
+    return [(nbytes, None)]  # rounds of several kinds: not modelled
+
+
+def analytic_bytes(
+    case: dict, optimizer, variables, workers: int, workers_per_host: int = 1
+) -> dict:
+    """Payload bytes per step per worker as tfgc states them, and what a
+    host's link should carry: payloads times each collective's transport
+    factor.
+
+    With the workers ordered by host, a ring has one edge leaving each
+    host, so a host's link carries what one worker of a flat ring sends.
+    Under the hierarchical communicator (m hosts of g workers) a
+    compressed tensor is split into g shards; each worker exchanges its
+    compressed shard with its m - 1 peers of the same local rank, so the
+    link carries g shards' exchanges among m; the sums inside a host stay
+    on its loopback, and the tensors it sends dense go in one ring
+    all-reduce among all workers.
+    """
+    compressed = case["kind"] in ("compressed", PER_TENSOR)
+    communicator = optimizer.communicator if compressed else None
+    hierarchical = (
+        communicator is not None and communicator.name == "hierarchical"
+    )
+    peers = workers // workers_per_host if hierarchical else workers
+    links = workers_per_host if hierarchical else 1
+    network = tfgc.compressors.Network(
+        peers, optimizer.network_cost if compressed else None
+    )
+    payload, wire = 0.0, 0.0
     for v in variables:
         shape, dtype = tuple(v.shape), tf.as_dtype(v.dtype)
         size = int(np.prod(shape))
-        if case["kind"] in ("compressed", PER_TENSOR):
+        dense = [(size * dtype.size, ALL_REDUCE, workers, 1)]
+        rounds = dense
+        if compressed:
             compressor = optimizer.compressor
-            network = tfgc.compressors.Network(workers, None)
+            part = communicator.compressed_shape(shape)
             if (
                 size >= optimizer.min_compress_size
-                and compressor.should_compress(shape, dtype, network)
+                and not communicator.sends_dense(shape)
+                and compressor.should_compress(part, dtype, network)
             ):
-                nbytes = compressor.payload_bytes(shape, dtype)
-                collective = compressor.collective
-            else:
-                nbytes, collective = size * dtype.size, ALL_REDUCE
-        else:
-            nbytes, collective = size * dtype.size, ALL_REDUCE
-        factor = transport_factor(collective, workers)
-        payload += nbytes
-        wire = (
-            None if wire is None or factor is None else wire + nbytes * factor
-        )
+                rounds = [
+                    (nbytes, collective, peers, links)
+                    for nbytes, collective in _rounds(compressor, part, dtype)
+                ]
+        for nbytes, collective, n, copies in rounds:
+            factor = transport_factor(collective, n)
+            payload += nbytes * copies
+            wire = (
+                None
+                if wire is None or factor is None
+                else wire + nbytes * factor * copies
+            )
     return {"payload_bytes": payload, "wire_bytes": wire}
 
 
@@ -190,6 +270,7 @@ def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
     rng = np.random.default_rng(1 + int(os.environ.get("TFGC_WORKER_INDEX", 0)))
     local = case["kind"] in LOCAL
 
+    per_host = spec.get("workers_per_host", 1)
     if local:
         model, x, y, loss_fn = build(spec["model"], rng)
         optimizer = make_optimizer(case)
@@ -198,9 +279,9 @@ def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
         with strategy.scope():
             model, x, y, loss_fn = build(spec["model"], rng)
             optimizer = (
-                PerTensor(case)
+                PerTensor(case, per_host)
                 if case["kind"] == PER_TENSOR
-                else make_optimizer(case)
+                else make_optimizer(case, per_host)
             )
             optimizer.build(model.trainable_variables)
     x, y = tf.constant(x), tf.constant(y)
@@ -244,15 +325,19 @@ def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
     barrier()
     after = read_counters(spec.get("netdev"))
 
+    compressor = getattr(optimizer, "compressor", None)
+    delay = getattr(compressor, "delay", 1)
     result = {
         "name": case["name"],
         "kind": case["kind"],
         "step_times_s": times,
         "median_step_s": statistics.median(times),
+        "mean_step_s": statistics.mean(times),
+        "delay": delay,
         "analytic": None
         if local
         else analytic_bytes(
-            case, optimizer, model.trainable_variables, workers
+            case, optimizer, model.trainable_variables, workers, per_host
         ),
         "tfgc_stats": optimizer.compression_stats()
         if case["kind"] in ("compressed", PER_TENSOR)
@@ -295,9 +380,11 @@ def main(argv: list[str]) -> int:
             if delta is not None:
                 sent = delta["tx_bytes"] / spec["steps"] / 1e6
                 wire = f", {sent:.2f} MB/step sent by host 0"
+            statistic = "mean" if result["delay"] > 1 else "median"
             print(
                 f"[lab] case {i + 1}/{len(spec['cases'])} {case['name']}: "
-                f"median {result['median_step_s'] * 1e3:.1f} ms/step over "
+                f"{statistic} {result[f'{statistic}_step_s'] * 1e3:.1f} "
+                "ms/step over "
                 f"{spec['steps']} steps{wire}",
                 flush=True,
             )

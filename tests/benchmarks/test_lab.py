@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -108,7 +109,124 @@ def test_parsers():
 def test_transport_factors():
     assert worker.transport_factor("all_reduce", 4) == 1.5
     assert worker.transport_factor("all_gather", 4) == 3
-    assert worker.transport_factor("broadcast", 4) is None
+    assert worker.transport_factor("broadcast", 4) == 0.75
+    assert worker.transport_factor("unknown", 4) is None
+
+
+def test_compressor_options_and_cases():
+    case = lab_run.parse_compressor("mstopk:0.001,communicator=hierarchical")
+    assert case["kwargs"] == {"density": 0.001}
+    assert case["communicator"] == "hierarchical"
+    assert lab_run.parse_compressor("topk:0.01")["communicator"] == "auto"
+    case = lab_run.parse_compressor("redsync:0.001,cost_model=none")
+    assert case["kwargs"] == {"density": 0.001, "cost_model": None}
+    # One local (no communication) case per compressor, not per
+    # communicator.
+    local = [
+        c["name"]
+        for c in lab_run.cases("mstopk:0.001 mstopk:0.001,communicator=x")
+        if c["kind"] == "local_compressed"
+    ]
+    assert local == ["mstopk 0.001 +EF, no communication"]
+
+
+@pytest.mark.parametrize(
+    "entry, words",
+    [
+        ("nosuch:0.1", ["Unknown compressor 'nosuch'"]),
+        ("topk:2", ["`density`", "density=2"]),
+        ("acpsgd:0.001", ["density"]),  # a rank, not a density
+        ("topk:0.01,communicator=allreduce", ["cannot carry"]),
+        ("topk:0.01,communicator=ring", ["Unknown communicator"]),
+    ],
+)
+def test_a_bad_compressor_is_a_usage_error_before_anything_starts(
+    monkeypatch, capsys, entry, words
+):
+    started = []
+
+    def must_not_run(*args, **kwargs):
+        started.append(args)
+        raise AssertionError("started before the compressors were checked")
+
+    # As if privileged: the check must come before any namespace or worker.
+    monkeypatch.setattr(netns, "have_net_admin", lambda: True)
+    monkeypatch.setattr(netns, "Testbed", must_not_run)
+    monkeypatch.setattr(lab_run.cluster, "run", must_not_run)
+    for mode in ([], ["--localhost"]):
+        with pytest.raises(SystemExit) as exit:
+            lab_run.main(
+                ["--hosts", "2", "--compressors", f"topk:0.001 {entry}", *mode]
+            )
+        assert exit.value.code == lab_run.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert f"entry {entry!r}" in err, err
+        assert "Known compressors: acpsgd" in err and "mstopk" in err, err
+        for word in words:
+            assert word in err, err
+    assert not started
+
+
+def test_analytic_bytes_per_host_link():
+    """A flat ring's host link carries what one worker sends; under the
+    hierarchical communicator, the host's g compressed shards, each
+    exchanged among the m hosts, and the small tensors' all-reduce."""
+    import tfgc
+
+    kernel = types.SimpleNamespace(shape=(1024, 1024), dtype="float32")
+    bias = types.SimpleNamespace(shape=(1024,), dtype="float32")
+
+    class Flat:
+        name = "auto"
+
+        def compressed_shape(self, shape):
+            return shape
+
+        def sends_dense(self, shape):
+            return False
+
+    class Hierarchical(Flat):
+        name = "hierarchical"
+
+        def compressed_shape(self, shape):
+            return (shape[0] // 2, *shape[1:]) if len(shape) > 1 else shape
+
+        def sends_dense(self, shape):
+            return len(shape) < 2
+
+    def optimizer(compressor, communicator):
+        return types.SimpleNamespace(
+            compressor=compressor,
+            communicator=communicator,
+            min_compress_size=2048,  # the bias goes dense
+            network_cost=None,
+        )
+
+    case = {"kind": "compressed"}
+    mstopk = tfgc.compressors.MSTopK(0.001)
+    flat = worker.analytic_bytes(
+        case, optimizer(mstopk, Flat()), [kernel, bias], 4
+    )
+    k = 1049  # ceil(0.001 * 1024**2)
+    assert flat["wire_bytes"] == 3 * k * 8 + 1.5 * 1024 * 4
+    hier = worker.analytic_bytes(
+        case, optimizer(mstopk, Hierarchical()), [kernel, bias], 4, 2
+    )
+    shard_k = 525  # ceil(0.001 * 512 * 1024)
+    assert hier["wire_bytes"] == 2 * 1 * shard_k * 8 + 1.5 * 1024 * 4
+    # SBC with a delay sends once per `delay` steps.
+    sbc = tfgc.compressors.SBC(0.001, delay=4)
+    sbc1 = tfgc.compressors.SBC(0.001)
+    one = worker.analytic_bytes(case, optimizer(sbc1, Flat()), [kernel], 4)
+    four = worker.analytic_bytes(case, optimizer(sbc, Flat()), [kernel], 4)
+    assert four["wire_bytes"] == pytest.approx(one["wire_bytes"] / 4)
+    # Importance pruning: the root's positions broadcast, the values
+    # all-reduced.
+    importance = tfgc.compressors.ImportancePruning(0.001)
+    wire = worker.analytic_bytes(
+        case, optimizer(importance, Flat()), [kernel], 4
+    )["wire_bytes"]
+    assert wire == pytest.approx(k * 4 * 0.75 + k * 4 * 1.5)
 
 
 def test_summary_relates_cases():
@@ -278,6 +396,31 @@ def test_smoke_preset(tmp_path):
     assert "python -m benchmarks.run --preset smoke" in markdown
     for png in ("smoke_step_time.png", "smoke_bytes.png"):
         assert (tmp_path / png).stat().st_size > 1000
+
+
+@needs_net_admin
+@pytest.mark.multiworker
+def test_hierarchical_communicator_sends_only_shards_between_hosts(tmp_path):
+    """2 hosts x 2 workers: the flat all-gather crosses the host links
+    with every worker's payload, the hierarchical communicator with the
+    host's compressed shards only; both as the analytic count says."""
+    proc = _lab(
+        "--preset", "hitopk", "--no-check_rate", "--steps", "2",
+        "--warmup", "1", "--timeout", "170", "--out", str(tmp_path),
+        "--compressors", "mstopk:0.01 mstopk:0.01,communicator=hierarchical",
+    )  # fmt: skip
+    out, _ = proc.communicate(timeout=200)
+    assert proc.returncode == 0, out
+    (run,) = json.loads((tmp_path / "hitopk.json").read_text())["runs"]
+    assert run["hosts"] == 2 and run["workers_per_host"] == 2
+    rows = {r["name"]: r for r in run["cases"]}
+    flat = rows["mstopk 0.01 +EF"]
+    hierarchical = rows["mstopk 0.01,communicator=hierarchical +EF"]
+    for row in (flat, hierarchical):
+        assert 0.98 <= row["measured_over_analytic"] <= 1.15, row
+    # Per kernel: 3 payloads of k leave a host in the flat ring, 2 shards
+    # of k / 2 in the hierarchical exchange (the biases go dense in both).
+    assert hierarchical["measured_tx_bytes"] < 0.5 * flat["measured_tx_bytes"]
 
 
 @needs_net_admin
