@@ -17,7 +17,7 @@ from custom_ops.cuda_harness.run_harness import (
     resnet50_segments,
     segment_part,
 )
-from tests.ops.test_ops_top_k_sample import hostile, mixed_subnormals
+from tests.ops.selection_data import hostile, mixed_subnormals
 
 tkss = importlib.import_module("tfgc.ops.top_k_sample_segments")
 
