@@ -109,18 +109,21 @@ PRESETS = {
         "fit": True,
         "holdout": "3",
     },
-    # The paper algorithms of tfgc.compressors at density 0.1 % (ACP-SGD
-    # has a rank, not a density: rank 4), SBC also with a delay of 4
-    # steps; warm-up and timed steps are whole rounds of that delay.
-    "papers-1gbit": {
+    # Every compressor tfgc has, at both rates (which ones lose to dense
+    # fp32 or fp16 at 10 Gbit/s?): bf16 without error feedback (like the
+    # dense fp16 baseline), the sparsifiers at density 0.1 %, the
+    # low-rank ones at rank 4, SBC also with a delay of 4 steps (so
+    # warm-up and timed steps are whole rounds of 4).
+    "compressors": {
         "hosts": 4,
-        "rate": "1gbit",
+        "rate": "1gbit,10gbit",
         "model": "standin",
-        "compressors": "topk:0.001 redsync:0.001 mstopk:0.001 sbc:0.001 "
+        "compressors": "bf16:ef=0 topk:0.001 randomk:0.001 signsgd "
+        "powersgd:rank=4 mstopk:0.001 redsync:0.001 sbc:0.001 "
         "sbc:0.001,delay=4 importance:0.001 acpsgd:rank=4",
         "steps": 8,
         "warmup": 4,
-        "timeout": 900,
+        "timeout": 3000,
     },
     # HiTopKComm: MSTopK's flat all-gather among all 4 workers vs the
     # hierarchical communicator (2 hosts x 2 workers, loopback inside a
@@ -272,7 +275,7 @@ def cases(compressors: str, per_tensor: bool = False) -> list[dict]:
             local.append(
                 dict(
                     c,
-                    name=f"{c['name']}, no communication",
+                    name=c["name"] + report.LOCAL_SUFFIX,
                     kind="local_compressed",
                 )
             )
@@ -303,6 +306,27 @@ def _load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _cpu_ticks() -> list[int]:
+    """The machine's cumulative CPU times (/proc/stat's "cpu" line: user,
+    nice, system, idle, iowait, irq, softirq, steal, ...); [] where there
+    is none."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(t) for t in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return []
+
+
+def _steal_share(before: list[int], after: list[int]) -> float | None:
+    """The share of CPU time the hypervisor took from this VM between two
+    `_cpu_ticks` (steal time: a VM's cores run someone else meanwhile)."""
+    if len(before) < 8 or len(after) < 8:
+        return None
+    # guest and guest_nice (9th, 10th) are already counted in user, nice.
+    delta = [b - a for a, b in zip(before[:8], after[:8])]
+    return delta[7] / sum(delta) if sum(delta) else None
+
+
 def run_once(
     args, hosts: int, rate: str | None, latency: str, deadline: float
 ) -> dict:
@@ -322,6 +346,7 @@ def run_once(
         "workers_per_host": per_host,
         "load_before": _load(),
     }
+    ticks = _cpu_ticks()
     with tempfile.TemporaryDirectory(prefix="tfgc-lab-") as tmp:
         spec["result_dir"] = tmp
         if args.localhost:
@@ -342,9 +367,10 @@ def run_once(
                 result["qdiscs"] = testbed.qdiscs()
                 if args.check_rate and hosts >= 2:
                     a, b = testbed.hosts[:2]
+                    rate_bits = testbed.rate_bits
                     result["rate_check"] = [
-                        tcprate.measure(a, b),
-                        tcprate.measure(b, a),
+                        tcprate.capacity(a, b, rate_bits),
+                        tcprate.capacity(b, a, rate_bits),
                     ]
                     for check in result["rate_check"]:
                         print(
@@ -370,6 +396,7 @@ def run_once(
             with open(os.path.join(tmp, f"worker{i}.json")) as f:
                 per_worker.append(json.load(f))
     result["load_after"] = _load()
+    result["steal_share"] = _steal_share(ticks, _cpu_ticks())
     result["custom_ops"] = per_worker[0]["custom_ops"]
     result["cases"] = report.summarize(per_worker, hosts, per_host, args.steps)
     return result
@@ -407,12 +434,13 @@ def _parser() -> argparse.ArgumentParser:
         "--preset",
         choices=sorted(PRESETS),
         help="smoke: CI's 2-host check of the lab; 1gbit, 10gbit: 4 hosts, "
-        "the stand-in; lstm-1gbit, resnet50-1gbit: 4 hosts, those models; "
-        "costmodel: 2, 3 and 4 hosts at 1 and 10 Gbit/s and the fit; "
-        "fusion: fused vs one collective per tensor; papers-1gbit: the "
-        "paper algorithms, 4 hosts, the stand-in; hitopk: MSTopK flat vs "
-        "hierarchical, 2 hosts x 2 workers; convergence (first flag, no "
-        "root): loss curves per compressor on real data, "
+        "the stand-in, TopK; compressors: every compressor, 4 hosts, 1 and "
+        "10 Gbit/s, the stand-in; lstm-1gbit, resnet50-1gbit: 4 hosts, "
+        "those models, TopK; costmodel: 2, 3 and 4 hosts at "
+        "1 and 10 Gbit/s and the fit; fusion: fused vs one collective per "
+        "tensor; hitopk: MSTopK flat vs hierarchical, 2 hosts x 2 workers; "
+        "convergence (first flag, no root): loss curves per compressor on "
+        "real data, "
         "benchmarks/convergence_benchmark.py",
     )
     parser.add_argument("--hosts", help="hosts, e.g. 4; a comma list sweeps")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import textwrap
 
 import matplotlib
 import numpy as np
@@ -13,6 +12,18 @@ import numpy as np
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+#: How a compressor's local case (its step without communication) is named.
+LOCAL_SUFFIX = ", no communication"
+
+
+def _steal(share: float | None) -> str:
+    if share is None:  # not measured (no /proc/stat, an older result)
+        return ""
+    return (
+        f"; CPU steal {100 * share:.0f} % (the share of the run's CPU time "
+        "the hypervisor gave to others)"
+    )
 
 
 def summarize(per_worker: list[dict], hosts: int, per_host: int, steps: int):
@@ -117,7 +128,9 @@ def markdown(results: dict, plots: list[str]) -> str:
             f"{rate}, latency {run['latency']}",
             "",
             f"Load average before/after: {run['load_before']} / "
-            f"{run['load_after']}; compiled custom ops: {run['custom_ops']}.",
+            f"{run['load_after']}; compiled custom ops: {run['custom_ops']}"
+            + _steal(run.get("steal_share"))
+            + ".",
         ]
         for check in run.get("rate_check", []):
             lines.append(
@@ -143,7 +156,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                 f"{'-' if ratio is None else f'{ratio:.3f}'} |"
             )
         overheads = [
-            f"{r['name'].split(',')[0]} "
+            f"{r['name'].removesuffix(LOCAL_SUFFIX)} "
             f"{r['compression_overhead_s'] * 1e3:,.1f} ms"
             for r in run["cases"]
             if "compression_overhead_s" in r
@@ -293,11 +306,6 @@ def cost_model_markdown(model: dict, plots: list[str]) -> list[str]:
     return lines
 
 
-def _wrap(names: list[str]) -> list[str]:
-    # Case names are long ("topk 0.001 +EF, no communication").
-    return [textwrap.fill(n, 16) for n in names]
-
-
 def _label(run: dict) -> str:
     return (
         f"{run['hosts']} hosts, {run['rate'] or 'localhost'}, "
@@ -311,25 +319,33 @@ def _save(fig, path: str) -> None:
     plt.close(fig)
 
 
+def _barh(ax, groups: list[tuple[str, list[float]]], names: list[str]):
+    """Horizontal bars, one row per case (top to bottom as listed), one
+    bar per group in each row: long case names stay readable."""
+    height = 0.8 / len(groups)
+    for i, (label, values) in enumerate(groups):
+        ys = [k + i * height for k in range(len(names))]
+        ax.barh(ys, values, height, label=label)
+    ax.set_yticks([k + 0.4 - height / 2 for k in range(len(names))], names)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.legend(fontsize="small")
+
+
+def _size(rows: int, groups: int) -> tuple[float, float]:
+    return 9, 1.5 + 0.18 * rows * max(1, groups)
+
+
 def plot_step_times(results: dict, path: str) -> None:
     runs = results["runs"]
     names = [r["name"] for r in runs[0]["cases"]]
-    width = 0.8 / len(runs)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for i, run in enumerate(runs):
-        xs = [k + i * width for k in range(len(names))]
-        ax.bar(
-            xs,
-            [step_s(r) for r in run["cases"]],
-            width,
-            label=_label(run),
-        )
-    ax.set_xticks(
-        [k + 0.4 - width / 2 for k in range(len(names))], _wrap(names)
+    fig, ax = plt.subplots(figsize=_size(len(names), len(runs)))
+    _barh(
+        ax,
+        [(_label(run), [step_s(r) for r in run["cases"]]) for run in runs],
+        names,
     )
-    ax.set_ylabel("median step time (s)")
-    ax.set_yscale("log")
-    ax.legend()
+    ax.set_xlabel("step time (s; median, or mean over SBC's rounds)")
     ax.set_title("Step time per case")
     _save(fig, path)
 
@@ -337,25 +353,20 @@ def plot_step_times(results: dict, path: str) -> None:
 def plot_bytes(results: dict, path: str) -> None:
     run = results["runs"][0]
     rows = [r for r in run["cases"] if r.get("analytic_wire_bytes")]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    xs = range(len(rows))
-    ax.bar(
-        [x - 0.2 for x in xs],
-        [r["analytic_wire_bytes"] for r in rows],
-        0.4,
-        label="analytic",
+    fig, ax = plt.subplots(figsize=_size(len(rows), 2))
+    _barh(
+        ax,
+        [
+            ("analytic", [r["analytic_wire_bytes"] for r in rows]),
+            (
+                "measured (veth)",
+                [r.get("measured_tx_bytes", 0) for r in rows],
+            ),
+        ],
+        [r["name"] for r in rows],
     )
-    ax.bar(
-        [x + 0.2 for x in xs],
-        [r.get("measured_tx_bytes", 0) for r in rows],
-        0.4,
-        label="measured (veth)",
-    )
-    ax.set_xticks(list(xs), _wrap([r["name"] for r in rows]))
-    ax.set_yscale("log")
-    ax.set_ylabel("bytes sent per step per host")
+    ax.set_xlabel("bytes sent per step per host")
     ax.set_title(f"Bytes on the wire ({_label(run)})")
-    ax.legend()
     _save(fig, path)
 
 
@@ -366,20 +377,26 @@ def plot_speedup_vs_rate(results: dict, path: str) -> None:
     # One line per case: the runs of one host count (the largest).
     hosts = max(r["hosts"] for r in runs)
     runs = [r for r in runs if r["hosts"] == hosts]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for j, name in enumerate(r["name"] for r in runs[0]["cases"]):
-        rates = [parse_rate(r["rate"]) / 1e9 for r in runs]
+    # The compressors' local steps do not depend on the rate: left out.
+    shown = [
+        (j, case["name"])
+        for j, case in enumerate(runs[0]["cases"])
+        if case["kind"] != "local_compressed"
+    ]
+    fig, ax = plt.subplots(figsize=(9, 4 + 0.1 * len(shown)))
+    rates = [parse_rate(r["rate"]) / 1e9 for r in runs]
+    for n, (j, name) in enumerate(shown):
         ax.plot(
             rates,
             [r["cases"][j]["speedup_vs_fp32"] for r in runs],
-            "o-",
+            "o-" if n < 10 else "s--",  # the colour cycle has 10
             label=name,
         )
     ax.set_xscale("log")
     ax.set_xlabel("link rate (Gbit/s)")
     ax.set_ylabel("speed-up vs dense fp32")
     ax.set_title(f"{hosts} hosts")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")
     _save(fig, path)
 
 

@@ -100,6 +100,29 @@ def measure(src: Host, dst: Host, seconds: float = 2.0) -> dict:
     return result
 
 
+def capacity(
+    src: Host, dst: Host, rate_bits: float | None, tries: int = 5
+) -> dict:
+    """The link's rate from `src` to `dst`: the fastest of up to `tries`
+    measurements, stopping at one within 10 % of `rate_bits` (the shaped
+    rate; None: unshaped, every try).
+
+    A shaped link never carries more than its rate, but the sender, the
+    receiver and the qdisc's timer share the machine's cores with
+    whatever else runs there and can fall behind it (on a 2-core VM one
+    2 s try measured 600 to 950 Mbit/s through the same 1 Gbit/s tbf),
+    so the fastest try is the measurement; every try's rate is kept
+    under "tries".
+    """
+    results = []
+    for _ in range(tries):
+        results.append(measure(src, dst))
+        if rate_bits and results[-1]["rate_bits"] >= 0.9 * rate_bits:
+            break
+    best = max(results, key=lambda r: r["rate_bits"])
+    return dict(best, tries=[r["rate_bits"] for r in results])
+
+
 def main(argv: list[str]) -> int:
     if argv[0] == "recv":
         print(json.dumps(receive(argv[1], int(argv[2]))), flush=True)

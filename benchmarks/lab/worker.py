@@ -213,7 +213,9 @@ def analytic_bytes(
     compressed shard with its m - 1 peers of the same local rank, so the
     link carries g shards' exchanges among m; the sums inside a host stay
     on its loopback, and the tensors it sends dense go in one ring
-    all-reduce among all workers.
+    all-reduce among all workers. A broadcast among all workers of
+    several hosts (importance pruning's positions, flat) is a tree whose
+    host crossings depend on where each worker sits: not modelled (None).
     """
     compressed = case["kind"] in ("compressed", PER_TENSOR)
     communicator = optimizer.communicator if compressed else None
@@ -245,6 +247,8 @@ def analytic_bytes(
                 ]
         for nbytes, collective, n, copies in rounds:
             factor = transport_factor(collective, n)
+            if collective == BROADCAST and links < workers_per_host:
+                factor = None  # a flat tree over several hosts' workers
             payload += nbytes * copies
             wire = (
                 None

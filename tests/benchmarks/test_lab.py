@@ -227,6 +227,22 @@ def test_analytic_bytes_per_host_link():
         case, optimizer(importance, Flat()), [kernel], 4
     )["wire_bytes"]
     assert wire == pytest.approx(k * 4 * 0.75 + k * 4 * 1.5)
+    # Its flat broadcast among 2 hosts x 2 workers: not modelled.
+    two_per_host = worker.analytic_bytes(
+        case, optimizer(importance, Flat()), [kernel], 4, 2
+    )
+    assert two_per_host["wire_bytes"] is None
+    assert two_per_host["payload_bytes"] == k * 4 * 2
+
+
+def test_steal_share_is_the_hypervisors_part_of_the_cpu_time():
+    # user, nice, system, idle, iowait, irq, softirq, steal, guest, ...
+    before = [10, 0, 10, 70, 0, 0, 0, 10, 5, 0]
+    after = [20, 0, 20, 140, 0, 0, 0, 30, 9, 0]
+    assert lab_run._steal_share(before, after) == pytest.approx(20 / 110)
+    assert lab_run._steal_share([], after) is None
+    assert lab_run._steal_share(after, after) is None  # no time passed
+    assert len(lab_run._cpu_ticks()) >= 8  # Linux
 
 
 def test_summary_relates_cases():
@@ -394,6 +410,7 @@ def test_smoke_preset(tmp_path):
     markdown = (tmp_path / "smoke.md").read_text()
     assert results["machine"]["cpu"] in markdown
     assert "python -m benchmarks.run --preset smoke" in markdown
+    assert 0 <= run["steal_share"] < 1 and "CPU steal" in markdown
     for png in ("smoke_step_time.png", "smoke_bytes.png"):
         assert (tmp_path / png).stat().st_size > 1000
 
