@@ -333,7 +333,7 @@ def _barh(ax, groups: list[tuple[str, list[float]]], names: list[str]):
 
 
 def _size(rows: int, groups: int) -> tuple[float, float]:
-    return 9, 1.5 + 0.18 * rows * max(1, groups)
+    return 9, 1.5 + 0.18 * rows * groups
 
 
 def plot_step_times(results: dict, path: str) -> None:

@@ -223,6 +223,7 @@ def analytic_bytes(
         communicator is not None and communicator.name == "hierarchical"
     )
     peers = workers // workers_per_host if hierarchical else workers
+    flat_across_hosts = workers_per_host > 1 and not hierarchical
     links = workers_per_host if hierarchical else 1
     network = tfgc.compressors.Network(
         peers, optimizer.network_cost if compressed else None
@@ -247,8 +248,8 @@ def analytic_bytes(
                 ]
         for nbytes, collective, n, copies in rounds:
             factor = transport_factor(collective, n)
-            if collective == BROADCAST and links < workers_per_host:
-                factor = None  # a flat tree over several hosts' workers
+            if collective == BROADCAST and flat_across_hosts:
+                factor = None  # a tree over several hosts' workers
             payload += nbytes * copies
             wire = (
                 None
