@@ -47,6 +47,15 @@ def _zeros_and_subnormals(n, dtype, seed):
     return tf.cast(tf.constant(x), dtype)
 
 
+def _outlier(n, dtype, seed):
+    """Normal data with one huge value: the bisection's grid is so coarse
+    that mstopk's band and threshold's selection reach below the compacted
+    candidates, and are counted and read from the input."""
+    x = _input(n, dtype, seed).numpy().astype(np.float32)
+    x[n // 2] = 6e4 if dtype == tf.float16 else 1e6
+    return tf.cast(tf.constant(x), dtype)
+
+
 def _bits(t):
     """The raw bits of a tensor (bfloat16 has no numpy equivalent)."""
     if t.dtype in (tf.float16, tf.bfloat16):
@@ -61,10 +70,15 @@ def _results():
         for dtype in DTYPES:
             x = _input(n, dtype, seed=n)
             tiny = _zeros_and_subnormals(n, dtype, seed=n)
+            outlier = _outlier(n, dtype, seed=n)
             residual = _input(n, dtype, seed=n + 1) * tf.cast(0.5, dtype)
             for k in sorted({1, max(1, n // 1000), n // 3 or 1}):
                 for mode in MODES:
-                    for name, data in (("", x), ("subnormal_", tiny)):
+                    for name, data in (
+                        ("", x),
+                        ("subnormal_", tiny),
+                        ("outlier_", outlier),
+                    ):
                         v, i = tfgc.ops.top_k_sample(data, k, mode=mode, seed=5)
                         key = f"{name}{mode}_{dtype.name}_{n}_{k}"
                         out[key + "_values"] = _bits(v)

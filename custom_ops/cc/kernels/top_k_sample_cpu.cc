@@ -13,11 +13,12 @@
 // touching the data, and the selection is written from the candidates.
 // When mstopk's lo threshold lies below the floor (a coarse grid, as with
 // one huge outlier), its band is counted per span in one more pass and the
-// band slice read from the input; otherwise only when the sample misleads,
-// or threshold's lo lies below the floor, is the compaction repeated at a
-// lower floor. Every full pass is split into fixed blocks run on the
-// intra-op thread pool, and every result is exactly the one of the pure-TF
-// reference.
+// band slice read from the input; when threshold's lo does, the keys
+// above lo, its selection, are compacted in one more pass; otherwise only
+// when the sample misleads is the compaction repeated at a lower floor.
+// Every full pass, and each pass over the candidates that the order
+// statistics make, is split into fixed blocks run on the intra-op thread
+// pool, and every result is exactly the one of the pure-TF reference.
 
 #define EIGEN_USE_THREADS
 
@@ -30,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "custom_ops/cc/kernels/kernel_utils.h"
+#include "custom_ops/cc/kernels/parallel.h"
 #include "custom_ops/cc/kernels/top_k_sample_cpu.h"
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
 
@@ -54,32 +56,62 @@ int FindDigit(const DigitHist& h, int64_t* r) {
 // The r-th largest (1 <= r <= keys.size()) of `keys`, whose top-digit
 // histogram is `top`, for each r of `ranks`: the top digit from `top`, the
 // next 11 bits from one histogram pass over the keys, then nth_element
-// among the few keys that share both digits.
+// among the few keys that share both digits, gathered in one more pass.
+// Both passes run in fixed blocks on the intra-op thread pool.
 template <size_t kRanks>
-std::array<uint32_t, kRanks> KthLargest(const std::vector<uint32_t>& keys,
+std::array<uint32_t, kRanks> KthLargest(OpKernelContext* ctx,
+                                        const std::vector<uint32_t>& keys,
                                         const DigitHist& top,
                                         std::array<int64_t, kRanks> ranks,
                                         std::vector<uint32_t>* bucket) {
   constexpr int kNextShift = kTopShift - 11;
+  const Blocks blocks(static_cast<int64_t>(keys.size()), NumThreads(ctx));
   std::array<uint32_t, kRanks> digit;
   for (size_t j = 0; j < kRanks; ++j) digit[j] = FindDigit(top, &ranks[j]);
-  const std::array<int64_t, kRanks> in_digit = ranks;  // ranks in the digit
-  std::array<DigitHist, kRanks> next{};
-  for (uint32_t u : keys) {
-    for (size_t j = 0; j < kRanks; ++j) {
-      if ((u >> kTopShift) == digit[j]) ++next[j][(u >> kNextShift) & 0x7ffu];
+  std::vector<std::array<DigitHist, kRanks>> block_next(blocks.count());
+  ForEachBlock(ctx, blocks, [&](int64_t b) {
+    std::array<DigitHist, kRanks>& next = block_next[b];
+    for (DigitHist& h : next) h.fill(0);
+    for (int64_t i = blocks.begin(b); i < blocks.end(b); ++i) {
+      const uint32_t u = keys[i];
+      for (size_t j = 0; j < kRanks; ++j) {
+        if ((u >> kTopShift) == digit[j]) {
+          ++next[j][(u >> kNextShift) & 0x7ffu];
+        }
+      }
     }
+  });
+  std::array<uint32_t, kRanks> prefix;
+  for (size_t j = 0; j < kRanks; ++j) {
+    DigitHist next{};
+    for (const auto& part : block_next) {
+      for (size_t d = 0; d < next.size(); ++d) next[d] += part[j][d];
+    }
+    prefix[j] = digit[j] << 11 | FindDigit(next, &ranks[j]);
   }
+  // The keys of each prefix (in no particular order).
+  std::vector<std::array<std::vector<uint32_t>, kRanks>> block_keys(
+      blocks.count());
+  ForEachBlock(ctx, blocks, [&](int64_t b) {
+    for (int64_t i = blocks.begin(b); i < blocks.end(b); ++i) {
+      const uint32_t u = keys[i];
+      for (size_t j = 0; j < kRanks; ++j) {
+        if ((u >> kNextShift) == prefix[j]) {
+          block_keys[b][j].push_back(u);
+          break;  // a later rank with the same prefix reads rank j's keys
+        }
+      }
+    }
+  });
   std::array<uint32_t, kRanks> out;
   for (size_t j = 0; j < kRanks; ++j) {
-    if (j > 0 && digit[j] == digit[j - 1] && in_digit[j] == in_digit[j - 1]) {
-      out[j] = out[j - 1];  // the same rank again
-      continue;
-    }
-    const uint32_t prefix = digit[j] << 11 | FindDigit(next[j], &ranks[j]);
-    bucket->clear();
-    for (uint32_t u : keys) {
-      if ((u >> kNextShift) == prefix) bucket->push_back(u);
+    size_t from = j;  // the first rank with j's prefix
+    while (from > 0 && prefix[from - 1] == prefix[j]) --from;
+    if (from == j) {
+      bucket->clear();
+      for (const auto& part : block_keys) {
+        bucket->insert(bucket->end(), part[j].begin(), part[j].end());
+      }
     }
     const auto nth = bucket->begin() + (ranks[j] - 1);
     std::nth_element(bucket->begin(), nth, bucket->end(),
@@ -123,7 +155,8 @@ void DrawSample(const TopKSampleInput<T>& x, Candidates* cand) {
 // input, otherwise the sample's key of rank r m / n plus four standard
 // deviations and 8 (m sampled keys), so it is lower with high probability.
 // 0 when the sample cannot tell; kNoRank when r > n.
-int64_t LowerBoundOfRank(int64_t n, int64_t r, Candidates* cand) {
+int64_t LowerBoundOfRank(OpKernelContext* ctx, int64_t n, int64_t r,
+                         Candidates* cand) {
   if (r > n) return kNoRank;
   const auto m = static_cast<int64_t>(cand->sample.size());
   int64_t rank = r;
@@ -133,7 +166,7 @@ int64_t LowerBoundOfRank(int64_t n, int64_t r, Candidates* cand) {
         std::ceil(expect + 4.0 * std::sqrt(expect) + 8.0));
     if (rank > m) return 0;
   }
-  return KthLargest<1>(cand->sample, cand->sample_top, {rank},
+  return KthLargest<1>(ctx, cand->sample, cand->sample_top, {rank},
                        &cand->bucket)[0];
 }
 
@@ -169,9 +202,9 @@ void Prune(uint32_t thr, Candidates* cand) {
 }
 
 // Exact top-k of the candidates, which hold every key >= the k-th largest.
-SelectionPlan ExactTopK(Candidates* cand, int64_t k) {
+SelectionPlan ExactTopK(OpKernelContext* ctx, Candidates* cand, int64_t k) {
   const uint32_t v =
-      KthLargest<1>(cand->keys, cand->keys_top, {k}, &cand->bucket)[0];
+      KthLargest<1>(ctx, cand->keys, cand->keys_top, {k}, &cand->bucket)[0];
   return ExactPlan(v, CountCandidates(*cand, v, true, 0)[0], k);
 }
 
@@ -204,10 +237,10 @@ double SampledShare(const Candidates& cand, int64_t floor) {
 // below F (a coarse grid, as with one huge outlier), one counting pass per
 // span of the input replaces a compaction of the band, and the band slice
 // is read from the span where it starts (only `need` band keys are
-// selected, however many the band holds). When the candidates cannot
-// decide a comparison or threshold's lo lies below F (its selection is
-// every key > lo; or a misleading sample), the compaction is repeated at a
-// lower F, at worst 0 (every element).
+// selected, however many the band holds). When threshold's lo lies below
+// F, its selection, every key > lo, is compacted in one more pass. When the
+// candidates cannot decide a comparison (a misleading sample), the
+// compaction is repeated at a lower F, at worst 0 (every element).
 template <typename T>
 SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
                             int64_t k, TopKSampleMode mode, int rounds,
@@ -225,7 +258,8 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
   // selection turns out to need them.
   const int64_t top_rank =
       std::min(n, trimmed ? k : (strict && 2 * k <= n ? 2 * k : k + 1));
-  int64_t floor = std::max<int64_t>(1, LowerBoundOfRank(n, top_rank, cand));
+  int64_t floor =
+      std::max<int64_t>(1, LowerBoundOfRank(ctx, n, top_rank, cand));
   const Stats st = Compact(ctx, in, !trimmed, static_cast<uint32_t>(floor),
                            SampledShare(*cand, floor), cand);
   const TopKSampleInput<T> data{in.data(), nullptr, nullptr, n};
@@ -234,7 +268,7 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
     const auto size = static_cast<int64_t>(cand->keys.size());
     // Every rank <= n is a candidate at floor 0, so the loop ends there.
     if (trimmed) {
-      if (size >= k) return ExactTopK(cand, k);
+      if (size >= k) return ExactTopK(ctx, cand, k);
       floor = 0;
       continue;
     }
@@ -246,7 +280,7 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
     bool exact = true;
     if (size > 0) {
       const auto kth = KthLargest<2>(
-          cand->keys, cand->keys_top,
+          ctx, cand->keys, cand->keys_top,
           {std::min(ranks[0], size), std::min(ranks[1], size)}, &cand->bucket);
       for (int j = 0; j < 2; ++j) {
         if (ranks[j] <= size) v[j] = kth[j];
@@ -279,16 +313,21 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
       cand->band_in_input = true;
       return MsTopKPlan(e, above, above + band, n, k, seed);
     }
-    if (e.has_lo && e.lo < floor) {  // threshold selects every key > lo
-      floor = e.lo;
-      continue;
+    if (e.has_lo && e.lo < floor) {
+      // threshold selects every key > lo. Its bisection is final: lo was
+      // visited, so no rank was below the floor (see above). Compacting
+      // those keys compacts the selection.
+      const uint32_t above_lo = e.lo + 1;
+      Compact(ctx, data, false, above_lo, SampledShare(*cand, above_lo),
+              cand);
+      return ThresholdPlan(e, static_cast<int64_t>(cand->keys.size()));
     }
     if (!e.has_lo && strict && size < k) {  // the exact top-k fallback
       floor = 0;
       continue;
     }
     if (strict) {
-      if (!e.has_lo) return ExactTopK(cand, k);
+      if (!e.has_lo) return ExactTopK(ctx, cand, k);
       return ThresholdPlan(e, CountCandidates(*cand, e.lo, true, 0)[0]);
     }
     const auto c = CountCandidates(*cand, e.has_hi ? e.hi : kNoKey, false,
@@ -368,18 +407,12 @@ absl::Status WriteBandSlice(int64_t n, const SelectionPlan& p,
   while (span < spans && rank + cand.band_counts[span] <= p.start) {
     rank += cand.band_counts[span++];
   }
-  std::vector<int64_t> slice;  // the band slice's indices, increasing
-  slice.reserve(p.need);
-  const int64_t band_end = p.start + p.need;
-  for (int64_t i = span * kSpan; i < n && rank < band_end; ++i) {
-    const uint32_t key = ElementKey(out->x[i]);
-    if (key < p.band_lo || key >= hi) continue;
-    if (rank >= p.start) slice.push_back(i);
-    ++rank;
-  }
+  std::vector<int32_t> slice;  // the band slice's indices, increasing
+  RangeSlice(out->x, span * kSpan, n, p.band_lo, hi, p.start - rank, p.need,
+             &slice);
   const auto size = static_cast<int64_t>(cand.keys.size());
   int64_t c = 0;
-  for (int64_t i : slice) {
+  for (const int32_t i : slice) {
     for (; c < size && cand.index[c] < i; ++c) {
       if (IsAbove(p, cand.keys[c])) out->Take(cand.index[c], cand.value[c]);
     }
@@ -398,6 +431,14 @@ absl::Status Write(int64_t n, const SelectionPlan& p, Candidates* cand_p,
   if (cand_p->band_in_input) return WriteBandSlice(n, p, *cand_p, out);
   if (!p.has_band_lo && p.need > 0) {
     return WriteWholeBand(n, p, *cand_p, out);
+  }
+  if (static_cast<int64_t>(cand_p->keys.size()) == p.output_size) {
+    // The candidates hold the selection, so they are the selection.
+    const Candidates& cand = *cand_p;
+    for (int64_t c = 0; c < p.output_size; ++c) {
+      out->Take(cand.index[c], cand.value[c]);
+    }
+    return out->Check(p, p.output_size);
   }
   // Everything selected lies in the band or above it (strictly above
   // `above` when the band is empty): drop the rest first, branch-free.

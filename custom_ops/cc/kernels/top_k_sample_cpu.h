@@ -176,6 +176,14 @@ template <typename T>
 void CountKeysInRange(OpKernelContext* ctx, const T* x, int64_t n,
                       uint32_t lo, uint32_t hi, std::vector<int64_t>* counts);
 
+// The indices of the elements of x[begin, n) whose key is in [lo, hi),
+// in index order, after the first `skip` of them: `take` of them, or as
+// many as there are (top_k_sample_cpu_scan.cc).
+template <typename T>
+void RangeSlice(const T* x, int64_t begin, int64_t n, uint32_t lo,
+                uint32_t hi, int64_t skip, int64_t take,
+                std::vector<int32_t>* slice);
+
 // The plan of the selection of k elements of `in` (output_size elements in
 // threshold mode), 0 <= k <= n; writes acc with a residual. Leaves in
 // `cand` what WriteSelection reads (top_k_sample_cpu.cc).
