@@ -40,17 +40,31 @@ def timeit(
     inside the timing when it has fewer than `fetch_below` elements (eager
     ops are synchronous; the copy makes that explicit).
     """
-    fn()
-    times = []
+    return timeit_interleaved({"": fn}, repeats, fetch_below)[""]
+
+
+def timeit_interleaved(
+    fns: dict[str, Callable[[], object]],
+    repeats: int,
+    fetch_below: float = math.inf,
+) -> dict[str, float]:
+    """`timeit` of each function, by name, calling them in turn in every
+    repeat: a slow spell of a shared machine then slows all of them alike,
+    so the ratios of their times hold better than those of times taken one
+    function after another."""
+    for fn in fns.values():
+        fn()
+    times = {name: [] for name in fns}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        if isinstance(out, (tuple, list)):
-            out = out[0]
-        if hasattr(out, "numpy") and out.shape.num_elements() < fetch_below:
-            out.numpy()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            out = fn()
+            if isinstance(out, (tuple, list)):
+                out = out[0]
+            if hasattr(out, "numpy") and out.shape.num_elements() < fetch_below:
+                out.numpy()
+            times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def parse_args(

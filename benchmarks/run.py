@@ -47,6 +47,15 @@ DEFAULT_OUT = os.path.join(REPO, "docs", "benchmarks")
 WORKER_PORT = 20000
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 124
 
+# Every compressor tfgc has: bf16 without error feedback (like the dense
+# fp16 baseline), the sparsifiers at density 0.1 %, the low-rank ones at
+# rank 4, SBC also with a delay of 4 steps (so a preset's warm-up and timed
+# steps must be whole rounds of 4).
+EVERY_COMPRESSOR = (
+    "bf16:ef=0 topk:0.001 randomk:0.001 signsgd powersgd:rank=4 "
+    "mstopk:0.001 redsync:0.001 sbc:0.001 sbc:0.001,delay=4 "
+    "importance:0.001 acpsgd:rank=4"
+)
 PRESETS = {
     # CI's test of the lab itself: set-up, shaping, counters, tear-down.
     "smoke": {
@@ -109,21 +118,27 @@ PRESETS = {
         "fit": True,
         "holdout": "3",
     },
-    # Every compressor tfgc has, at both rates (which ones lose to dense
-    # fp32 or fp16 at 10 Gbit/s?): bf16 without error feedback (like the
-    # dense fp16 baseline), the sparsifiers at density 0.1 %, the
-    # low-rank ones at rank 4, SBC also with a delay of 4 steps (so
-    # warm-up and timed steps are whole rounds of 4).
+    # Every compressor at both rates (which ones lose to dense fp32 or fp16
+    # at 10 Gbit/s?).
     "compressors": {
         "hosts": 4,
         "rate": "1gbit,10gbit",
         "model": "standin",
-        "compressors": "bf16:ef=0 topk:0.001 randomk:0.001 signsgd "
-        "powersgd:rank=4 mstopk:0.001 redsync:0.001 sbc:0.001 "
-        "sbc:0.001,delay=4 importance:0.001 acpsgd:rank=4",
+        "compressors": EVERY_COMPRESSOR,
         "steps": 8,
         "warmup": 4,
         "timeout": 3000,
+    },
+    # Every compressor on the LSTM LM medium, compute-bound on 2 cores
+    # (the goal: each within 1.15x of the no-communication floor).
+    "compressors-lstm": {
+        "hosts": 4,
+        "rate": "1gbit",
+        "model": "lstm-medium",
+        "compressors": EVERY_COMPRESSOR,
+        "steps": 4,
+        "warmup": 4,
+        "timeout": 3600,
     },
     # HiTopKComm: MSTopK's flat all-gather among all 4 workers vs the
     # hierarchical communicator (2 hosts x 2 workers, loopback inside a
