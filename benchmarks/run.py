@@ -129,8 +129,9 @@ PRESETS = {
         "warmup": 4,
         "timeout": 3000,
     },
-    # Every compressor on the LSTM LM medium, compute-bound on 2 cores
-    # (the goal: each within 1.15x of the no-communication floor).
+    # Every compressor on the LSTM LM medium and on ResNet-50, both
+    # compute-bound on 2 cores (the goal: each within 1.15x of the
+    # no-communication floor).
     "compressors-lstm": {
         "hosts": 4,
         "rate": "1gbit",
@@ -139,6 +140,15 @@ PRESETS = {
         "steps": 4,
         "warmup": 4,
         "timeout": 3600,
+    },
+    "compressors-resnet50": {
+        "hosts": 4,
+        "rate": "1gbit",
+        "model": "resnet50",
+        "compressors": EVERY_COMPRESSOR,
+        "steps": 4,
+        "warmup": 4,
+        "timeout": 4200,
     },
     # HiTopKComm: MSTopK's flat all-gather among all 4 workers vs the
     # hierarchical communicator (2 hosts x 2 workers, loopback inside a

@@ -228,11 +228,14 @@ def analytic_bytes(
     network = tfgc.compressors.Network(
         peers, optimizer.network_cost if compressed else None
     )
+    # A compressor with a delay (SBC) exchanges once per round, the
+    # tensors it sends dense too (CompressedOptimizer's rounds).
+    delay = optimizer.compressor.delay if compressed else 1
     payload, wire = 0.0, 0.0
     for v in variables:
         shape, dtype = tuple(v.shape), tf.as_dtype(v.dtype)
         size = int(np.prod(shape))
-        dense = [(size * dtype.size, ALL_REDUCE, workers, 1)]
+        dense = [(size * dtype.size / delay, ALL_REDUCE, workers, 1)]
         rounds = dense
         if compressed:
             compressor = optimizer.compressor

@@ -214,12 +214,18 @@ def test_analytic_bytes_per_host_link():
     )
     shard_k = 525  # ceil(0.001 * 512 * 1024)
     assert hier["wire_bytes"] == 2 * 1 * shard_k * 8 + 1.5 * 1024 * 4
-    # SBC with a delay sends once per `delay` steps.
+    # SBC with a delay exchanges once per `delay` steps, the tensors it
+    # sends dense (the bias) too.
     sbc = tfgc.compressors.SBC(0.001, delay=4)
     sbc1 = tfgc.compressors.SBC(0.001)
-    one = worker.analytic_bytes(case, optimizer(sbc1, Flat()), [kernel], 4)
-    four = worker.analytic_bytes(case, optimizer(sbc, Flat()), [kernel], 4)
+    one = worker.analytic_bytes(
+        case, optimizer(sbc1, Flat()), [kernel, bias], 4
+    )
+    four = worker.analytic_bytes(
+        case, optimizer(sbc, Flat()), [kernel, bias], 4
+    )
     assert four["wire_bytes"] == pytest.approx(one["wire_bytes"] / 4)
+    assert four["payload_bytes"] == pytest.approx(one["payload_bytes"] / 4)
     # Importance pruning: the root's positions broadcast, the values
     # all-reduced.
     importance = tfgc.compressors.ImportancePruning(0.001)

@@ -151,9 +151,10 @@ void AppendAtLeastScalar(const T* x, int64_t begin, int64_t end, uint32_t s,
 }
 
 #if TFGC_HAVE_AVX2_PATH
-// Appends the lanes of `raw` that `bits` selects, elements first + lane, at
-// out[size]: moved to the front by one permutation and all eight stored, so
-// the buffer needs 8 slots of slack. Returns the new size.
+// Appends the lanes of `raw` that `bits` selects (elements first + lane) at
+// value[size] and their indices at index[size]: moved to the front by one
+// permutation and all eight stored, so both need 8 slots of slack. Returns
+// the new size.
 TFGC_AVX2 inline int64_t AppendLanes(__m256 raw, int bits, int64_t first,
                                      const LeftPackTable& pack, float* value,
                                      int32_t* index, int64_t size) {
