@@ -137,7 +137,7 @@ PRESETS = {
         "rate": "1gbit",
         "model": "lstm-medium",
         "compressors": EVERY_COMPRESSOR,
-        "steps": 4,
+        "steps": 12,
         "warmup": 4,
         "timeout": 3600,
     },
