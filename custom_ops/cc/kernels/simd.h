@@ -75,11 +75,6 @@ TFGC_AVX2 inline __m256 Abs8(__m256 v) {
   return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
 }
 
-template <typename T>
-TFGC_AVX2 inline __m256 LoadMagnitude8(const T* p) {
-  return Abs8(LoadFloat8(p));
-}
-
 // For each 8-bit mask, the lanes whose bit is set, in increasing order,
 // then zeros: the permutation that moves the selected lanes of a vector to
 // its front (a branch-free "compress" for AVX2, which has no compress store).

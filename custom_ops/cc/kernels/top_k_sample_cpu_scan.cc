@@ -324,14 +324,18 @@ Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
 
 namespace {
 
+// Whether the key of element x is in [lo, hi) (InRange8 eight at a time).
+template <typename T>
+inline bool InRange(T x, uint32_t lo, uint32_t hi) {
+  const uint32_t key = ElementKey(x);
+  return key >= lo && key < hi;
+}
+
 template <typename T>
 int64_t CountInRangeScalar(const T* x, int64_t begin, int64_t end,
                            uint32_t lo, uint32_t hi) {
   int64_t count = 0;
-  for (int64_t i = begin; i < end; ++i) {
-    const uint32_t key = ElementKey(x[i]);
-    count += key >= lo && key < hi;
-  }
+  for (int64_t i = begin; i < end; ++i) count += InRange(x[i], lo, hi);
   return count;
 }
 
@@ -397,8 +401,7 @@ void RangeSliceScalar(const T* x, int64_t begin, int64_t n, uint32_t lo,
                       uint32_t hi, int64_t skip, int64_t take,
                       std::vector<int32_t>* slice) {
   for (int64_t i = begin; i < n; ++i) {
-    const uint32_t key = ElementKey(x[i]);
-    if (TakeMarked(i, key >= lo && key < hi, &skip, take, slice)) return;
+    if (TakeMarked(i, InRange(x[i], lo, hi), &skip, take, slice)) return;
   }
 }
 
@@ -444,15 +447,15 @@ template Stats Compact(OpKernelContext*,
                        const TopKSampleInput<Eigen::bfloat16>&, bool,
                        uint32_t, double, Candidates*);
 
-#define TFGC_INSTANTIATE_COUNT(T)                                            \
+#define TFGC_INSTANTIATE_RANGE(T)                                            \
   template void CountKeysInRange(OpKernelContext*, const T*, int64_t,        \
                                  uint32_t, uint32_t, std::vector<int64_t>*); \
   template void RangeSlice(const T*, int64_t, int64_t, uint32_t, uint32_t,   \
                            int64_t, int64_t, std::vector<int32_t>*);
-TFGC_INSTANTIATE_COUNT(float)
-TFGC_INSTANTIATE_COUNT(Eigen::half)
-TFGC_INSTANTIATE_COUNT(Eigen::bfloat16)
-#undef TFGC_INSTANTIATE_COUNT
+TFGC_INSTANTIATE_RANGE(float)
+TFGC_INSTANTIATE_RANGE(Eigen::half)
+TFGC_INSTANTIATE_RANGE(Eigen::bfloat16)
+#undef TFGC_INSTANTIATE_RANGE
 
 }  // namespace cpu
 }  // namespace tfgc
