@@ -72,14 +72,14 @@ std::array<uint32_t, kRanks> KthLargest(OpKernelContext* ctx,
   std::vector<std::array<DigitHist, kRanks>> block_next(blocks.count());
   ForEachBlock(ctx, blocks, [&](int64_t b) {
     std::array<DigitHist, kRanks>& next = block_next[b];
-    for (DigitHist& h : next) h.fill(0);
-    for (int64_t i = blocks.begin(b); i < blocks.end(b); ++i) {
-      const uint32_t u = keys[i];
-      for (size_t j = 0; j < kRanks; ++j) {
-        if ((u >> kTopShift) == digit[j]) {
-          ++next[j][(u >> kNextShift) & 0x7ffu];
-        }
+    for (size_t j = 0; j < kRanks; ++j) {
+      if (j > 0 && digit[j] == digit[j - 1]) {
+        next[j] = next[j - 1];
+        continue;
       }
+      next[j].fill(0);
+      AddDigits(keys.data() + blocks.begin(b), blocks.end(b) - blocks.begin(b),
+                kNextShift, digit[j], &next[j]);
     }
   });
   std::array<uint32_t, kRanks> prefix;
@@ -138,7 +138,7 @@ void DrawSample(const TopKSampleInput<T>& x, Candidates* cand) {
     }
   }
   cand->sample_top.fill(0);
-  AddToHist(sample.data(), static_cast<int64_t>(sample.size()),
+  AddDigits(sample.data(), static_cast<int64_t>(sample.size()), kTopShift, 0,
             &cand->sample_top);
 }
 
@@ -239,7 +239,9 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
                             int64_t seed, Candidates* cand) {
   const int64_t n = in.n;
   if (k == 0) {
-    if (in.residual != nullptr) Compact(ctx, in, false, kNoKey, 0.0, cand);
+    if (in.residual != nullptr) {
+      Compact(ctx, in, false, kNoKey, 0.0, /*gather=*/false, cand);
+    }
     return SelectionPlan();
   }
   const bool trimmed = mode == TopKSampleMode::kTrimmed;
@@ -253,10 +255,10 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
   int64_t floor =
       std::max<int64_t>(1, LowerBoundOfRank(ctx, n, top_rank, cand));
   const Stats st = Compact(ctx, in, !trimmed, static_cast<uint32_t>(floor),
-                           SampledShare(*cand, floor), cand);
+                           SampledShare(*cand, floor), /*gather=*/true, cand);
   const TopKSampleInput<T> data{in.data(), nullptr, nullptr, n};
   for (;; Compact(ctx, data, false, static_cast<uint32_t>(floor),
-                  SampledShare(*cand, floor), cand)) {
+                  SampledShare(*cand, floor), /*gather=*/true, cand)) {
     const auto size = static_cast<int64_t>(cand->keys.size());
     // Every rank <= n is a candidate at floor 0, so the loop ends there.
     if (trimmed) {
@@ -308,11 +310,16 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
     if (e.has_lo && e.lo < floor) {
       // threshold selects every key > lo. Its bisection is final: lo was
       // visited, so no rank was below the floor (see above). Compacting
-      // those keys compacts the selection.
+      // those keys compacts the selection, which WriteSelection takes from
+      // the compaction's blocks as it is.
       const uint32_t above_lo = e.lo + 1;
       Compact(ctx, data, false, above_lo, SampledShare(*cand, above_lo),
-              cand);
-      return ThresholdPlan(e, static_cast<int64_t>(cand->keys.size()));
+              /*gather=*/false, cand);
+      int64_t size = 0;
+      for (int64_t b = 0; b < cand->parts_used; ++b) {
+        size += cand->parts[b].size;
+      }
+      return ThresholdPlan(e, size);
     }
     if (!e.has_lo && strict && size < k) {  // the exact top-k fallback
       floor = 0;
@@ -340,13 +347,13 @@ struct Output {
   int64_t size = 0;
 
   // Element i, whose value is v (float holds every T value exactly; not
-  // always a NaN's payload).
-  void Take(int64_t i, float v) {
-    values[size] = std::isnan(v) ? x[i] : static_cast<T>(v);
-    indices[size] = static_cast<int32_t>(i);
+  // always a NaN's payload), as output entry `at`.
+  void Put(int64_t at, int64_t i, float v) {
+    values[at] = std::isnan(v) ? x[i] : static_cast<T>(v);
+    indices[at] = static_cast<int32_t>(i);
     if (zero != nullptr) zero[i] = static_cast<T>(0.0f);
-    ++size;
   }
+  void Take(int64_t i, float v) { Put(size++, i, v); }
   void Take(int64_t i) { Take(i, static_cast<float>(x[i])); }
   absl::Status Check(const SelectionPlan& p, int64_t candidates) const {
     if (size == p.output_size) return absl::OkStatus();
@@ -417,9 +424,33 @@ absl::Status WriteBandSlice(int64_t n, const SelectionPlan& p,
 }
 
 // Writes the plan's selection from the candidates, in index order.
+// Writes every candidate, left in the compaction's blocks
+// (Candidates::in_parts): each block's at its offset, blocks in parallel.
 template <typename T>
-absl::Status Write(int64_t n, const SelectionPlan& p, Candidates* cand_p,
-                   Output<T>* out) {
+absl::Status WriteParts(OpKernelContext* ctx, const SelectionPlan& p,
+                        const Candidates& cand, Output<T>* out) {
+  std::vector<int64_t> offsets(cand.parts_used + 1, 0);
+  for (int64_t b = 0; b < cand.parts_used; ++b) {
+    offsets[b + 1] = offsets[b] + cand.parts[b].size;
+  }
+  out->size = offsets.back();
+  if (out->size != p.output_size) return out->Check(p, out->size);
+  const Blocks blocks(cand.parts_used, NumThreads(ctx), /*min_block=*/1);
+  ForEachBlock(ctx, blocks, [&](int64_t bb) {
+    for (int64_t b = blocks.begin(bb); b < blocks.end(bb); ++b) {
+      const CandidateBuffer& part = cand.parts[b];
+      for (int64_t c = 0; c < part.size; ++c) {
+        out->Put(offsets[b] + c, part.index[c], part.value[c]);
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Write(OpKernelContext* ctx, int64_t n, const SelectionPlan& p,
+                   Candidates* cand_p, Output<T>* out) {
+  if (cand_p->in_parts) return WriteParts(ctx, p, *cand_p, out);
   if (cand_p->band_in_input) return WriteBandSlice(n, p, *cand_p, out);
   if (!p.has_band_lo && p.need > 0) {
     return WriteWholeBand(n, p, *cand_p, out);
@@ -459,11 +490,11 @@ absl::Status Write(int64_t n, const SelectionPlan& p, Candidates* cand_p,
 }  // namespace
 
 template <typename T>
-absl::Status WriteSelection(const TopKSampleInput<T>& in,
+absl::Status WriteSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
                             const SelectionPlan& plan, Candidates* cand,
                             T* values, int32_t* indices) {
   Output<T> out{in.data(), values, indices, in.acc};
-  return Write(in.n, plan, cand, &out);
+  return Write(ctx, in.n, plan, cand, &out);
 }
 
 #define TFGC_INSTANTIATE(T)                                                  \
@@ -471,9 +502,9 @@ absl::Status WriteSelection(const TopKSampleInput<T>& in,
                                        const TopKSampleInput<T>&, int64_t,   \
                                        TopKSampleMode, int, int64_t,         \
                                        Candidates*);                         \
-  template absl::Status WriteSelection(const TopKSampleInput<T>&,            \
-                                       const SelectionPlan&, Candidates*, T*, \
-                                       int32_t*);
+  template absl::Status WriteSelection(                                      \
+      OpKernelContext*, const TopKSampleInput<T>&, const SelectionPlan&,     \
+      Candidates*, T*, int32_t*);
 
 TFGC_INSTANTIATE(float)
 TFGC_INSTANTIATE(Eigen::half)

@@ -55,8 +55,29 @@ inline uint32_t ElementKey(T x) {
 constexpr int kTopShift = 20;
 using DigitHist = std::array<int64_t, 1 << 11>;
 
-inline void AddToHist(const uint32_t* keys, int64_t size, DigitHist* h) {
-  for (int64_t i = 0; i < size; ++i) ++(*h)[keys[i] >> kTopShift];
+// Adds to `h`, for each of the keys whose bits above shift + 11 are `high`,
+// one at its digit (key >> shift) & 0x7ff; high 0 and shift kTopShift count
+// every key at its top digit. Four keys a step into four partial counts:
+// candidates often share digits, and one counter would make every key wait
+// for the previous increment. size < 2^32 (the partial counts are 32-bit).
+inline void AddDigits(const uint32_t* keys, int64_t size, int shift,
+                      uint32_t high, DigitHist* h) {
+  constexpr int kWays = 4;
+  std::array<std::array<uint32_t, 1 << 11>, kWays> part{};
+  int64_t i = 0;
+  for (; i + kWays <= size; i += kWays) {
+    for (int w = 0; w < kWays; ++w) {
+      const uint32_t u = keys[i + w] >> shift;
+      part[w][u & 0x7ffu] += (u >> 11) == high;
+    }
+  }
+  for (; i < size; ++i) {
+    const uint32_t u = keys[i] >> shift;
+    part[0][u & 0x7ffu] += (u >> 11) == high;
+  }
+  for (size_t d = 0; d < h->size(); ++d) {
+    for (const auto& p : part) (*h)[d] += p[d];
+  }
 }
 
 // Growable, uninitialised (value, index) storage for one block's candidates.
@@ -88,6 +109,10 @@ struct Candidates {
   std::vector<float> value;
   std::vector<int32_t> index;
   std::vector<CandidateBuffer> parts;  // per-block output of the compaction
+  int64_t parts_used = 0;              // parts[0, parts_used) hold it
+  // Set by a compaction that leaves the candidates in `parts` (value,
+  // index, keys and keys_top are then empty); WriteSelection takes them.
+  bool in_parts = false;
   std::vector<uint32_t> keys;          // the candidates' keys
   DigitHist keys_top;                  // their top-digit histogram
   std::vector<uint32_t> sample;        // the sampled keys
@@ -159,13 +184,14 @@ struct Stats {
 // One pass over the input (top_k_sample_cpu_scan.cc): with a residual,
 // acc = gradient + residual is written; with `stats`, the statistics are
 // returned; every element whose key is >= s goes, in index order, into
-// `cand` (value, index, key and the keys' top-digit histogram). It runs in
-// chunks that stay in L1, so each chunk is read from memory once whatever
-// it does. `fraction` estimates the share that passes, to size the
-// per-block buffers.
+// `cand`: with `gather`, into its value, index, keys and the keys'
+// top-digit histogram, else they stay in its parts (Candidates::in_parts).
+// It runs in chunks that stay in L1, so each chunk is read from memory once
+// whatever it does. `fraction` estimates the share that passes, to size
+// the per-block buffers.
 template <typename T>
 Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
-              uint32_t s, double fraction, Candidates* cand);
+              uint32_t s, double fraction, bool gather, Candidates* cand);
 
 // Elements per span of Candidates::band_counts.
 constexpr int64_t kSpan = int64_t{1} << 16;
@@ -196,7 +222,7 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
 // order: values and int32 indices, and zeroes those positions of acc with a
 // residual. An internal error if it selected another number of elements.
 template <typename T>
-absl::Status WriteSelection(const TopKSampleInput<T>& in,
+absl::Status WriteSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
                             const SelectionPlan& plan, Candidates* cand,
                             T* values, int32_t* indices);
 

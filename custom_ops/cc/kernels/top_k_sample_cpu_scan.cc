@@ -260,13 +260,15 @@ void Scan(const T* x, int64_t begin, int64_t end, bool stats, uint32_t s,
 
 template <typename T>
 Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
-              uint32_t s, double fraction, Candidates* cand) {
+              uint32_t s, double fraction, bool gather, Candidates* cand) {
   const int64_t n = in.n;
   Blocks blocks(n, NumThreads(ctx));
   std::vector<CandidateBuffer>& parts = cand->parts;
   if (static_cast<int64_t>(parts.size()) < blocks.count()) {
     parts.resize(blocks.count());
   }
+  cand->parts_used = blocks.count();
+  cand->in_parts = !gather;
   std::vector<BlockStats> block_stats(blocks.count());
   ForEachBlock(ctx, blocks, [&](int64_t b) {
     CandidateBuffer& part = parts[b];
@@ -293,6 +295,11 @@ Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
     }
     block_stats[b] = total;
   });
+  cand->value.clear();
+  cand->index.clear();
+  cand->keys.clear();
+  cand->keys_top.fill(0);
+  if (!gather) return stats ? Combine(block_stats) : Stats();
   std::vector<int64_t> offsets(blocks.count() + 1, 0);
   for (int64_t b = 0; b < blocks.count(); ++b) {
     offsets[b + 1] = offsets[b] + parts[b].size;
@@ -313,9 +320,8 @@ Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
     std::transform(part.value.get(), part.value.get() + part.size, keys,
                    [](float v) { return KeyOf(v); });
     hists[b].fill(0);
-    AddToHist(keys, part.size, &hists[b]);
+    AddDigits(keys, part.size, kTopShift, 0, &hists[b]);
   });
-  cand->keys_top.fill(0);
   for (const DigitHist& h : hists) {
     for (size_t d = 0; d < h.size(); ++d) cand->keys_top[d] += h[d];
   }
@@ -439,13 +445,13 @@ void RangeSlice(const T* x, int64_t begin, int64_t n, uint32_t lo,
   RangeSliceScalar(x, begin, n, lo, hi, skip, take, slice);
 }
 
-template Stats Compact(OpKernelContext*, const TopKSampleInput<float>&, bool,
-                       uint32_t, double, Candidates*);
-template Stats Compact(OpKernelContext*, const TopKSampleInput<Eigen::half>&,
-                       bool, uint32_t, double, Candidates*);
-template Stats Compact(OpKernelContext*,
-                       const TopKSampleInput<Eigen::bfloat16>&, bool,
-                       uint32_t, double, Candidates*);
+#define TFGC_INSTANTIATE_COMPACT(T)                                          \
+  template Stats Compact(OpKernelContext*, const TopKSampleInput<T>&, bool,  \
+                         uint32_t, double, bool, Candidates*);
+TFGC_INSTANTIATE_COMPACT(float)
+TFGC_INSTANTIATE_COMPACT(Eigen::half)
+TFGC_INSTANTIATE_COMPACT(Eigen::bfloat16)
+#undef TFGC_INSTANTIATE_COMPACT
 
 #define TFGC_INSTANTIATE_RANGE(T)                                            \
   template void CountKeysInRange(OpKernelContext*, const T*, int64_t,        \

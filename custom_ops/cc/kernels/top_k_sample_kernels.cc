@@ -54,9 +54,9 @@ class TopKSampleFunctor<CPUDevice, T> {
     return absl::OkStatus();
   }
 
-  absl::Status Write(OpKernelContext* /*ctx*/, const TopKSampleInput<T>& in,
+  absl::Status Write(OpKernelContext* ctx, const TopKSampleInput<T>& in,
                      int64_t /*output_size*/, T* values, int32_t* indices) {
-    return cpu::WriteSelection(in, plan_, lease_.get(), values, indices);
+    return cpu::WriteSelection(ctx, in, plan_, lease_.get(), values, indices);
   }
 
  private:
@@ -113,7 +113,7 @@ class TopKSampleSegmentsFunctor<CPUDevice, T> {
       const size_t at = values_.size();
       values_.resize(at + plan.output_size);
       indices_.resize(at + plan.output_size);
-      TF_RETURN_IF_ERROR(cpu::WriteSelection(part, plan, lease_.get(),
+      TF_RETURN_IF_ERROR(cpu::WriteSelection(ctx, part, plan, lease_.get(),
                                              values_.data() + at,
                                              indices_.data() + at));
     }
