@@ -34,7 +34,7 @@ class CostModel:
     machine (2 x86 cores, the compiled ops; benchmarks/results/ops_cpu.md):
     threshold selection runs at 0.3-0.7 ns per element at 17-25 M elements
     and densities 0.1-1 %, on Gaussian and heavy-tailed data and on real
-    gradients, up to 1.1 ns with one huge outlier, and decompression
+    gradients, up to 0.9 ns with one huge outlier, and decompression
     writes every element of the dense result.
 
     Attributes:
