@@ -423,7 +423,6 @@ absl::Status WriteBandSlice(int64_t n, const SelectionPlan& p,
   return out->Check(p, size);
 }
 
-// Writes the plan's selection from the candidates, in index order.
 // Writes every candidate, left in the compaction's blocks
 // (Candidates::in_parts): each block's at its offset, blocks in parallel.
 template <typename T>
@@ -447,6 +446,7 @@ absl::Status WriteParts(OpKernelContext* ctx, const SelectionPlan& p,
   return absl::OkStatus();
 }
 
+// Writes the plan's selection from the candidates, in index order.
 template <typename T>
 absl::Status Write(OpKernelContext* ctx, int64_t n, const SelectionPlan& p,
                    Candidates* cand_p, Output<T>* out) {
