@@ -315,11 +315,7 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
       const uint32_t above_lo = e.lo + 1;
       Compact(ctx, data, false, above_lo, SampledShare(*cand, above_lo),
               /*gather=*/false, cand);
-      int64_t size = 0;
-      for (int64_t b = 0; b < cand->parts_used; ++b) {
-        size += cand->parts[b].size;
-      }
-      return ThresholdPlan(e, size);
+      return ThresholdPlan(e, cand->PartOffsets().back());
     }
     if (!e.has_lo && strict && size < k) {  // the exact top-k fallback
       floor = 0;
@@ -428,10 +424,7 @@ absl::Status WriteBandSlice(int64_t n, const SelectionPlan& p,
 template <typename T>
 absl::Status WriteParts(OpKernelContext* ctx, const SelectionPlan& p,
                         const Candidates& cand, Output<T>* out) {
-  std::vector<int64_t> offsets(cand.parts_used + 1, 0);
-  for (int64_t b = 0; b < cand.parts_used; ++b) {
-    offsets[b + 1] = offsets[b] + cand.parts[b].size;
-  }
+  const std::vector<int64_t> offsets = cand.PartOffsets();
   out->size = offsets.back();
   if (out->size != p.output_size) return out->Check(p, out->size);
   const Blocks blocks(cand.parts_used, NumThreads(ctx), /*min_block=*/1);

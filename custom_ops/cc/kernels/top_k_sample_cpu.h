@@ -135,6 +135,15 @@ struct Candidates {
     for (const CandidateBuffer& p : parts) bytes += 8 * p.capacity;
     return bytes;
   }
+  // Where each used part's candidates start when laid end to end, and
+  // (last) how many candidates the parts hold.
+  std::vector<int64_t> PartOffsets() const {
+    std::vector<int64_t> offsets(parts_used + 1, 0);
+    for (int64_t b = 0; b < parts_used; ++b) {
+      offsets[b + 1] = offsets[b] + parts[b].size;
+    }
+    return offsets;
+  }
 };
 
 // What a kernel keeps between calls: after one call on a huge or

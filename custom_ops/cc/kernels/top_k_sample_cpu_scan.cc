@@ -300,10 +300,7 @@ Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
   cand->keys.clear();
   cand->keys_top.fill(0);
   if (!gather) return stats ? Combine(block_stats) : Stats();
-  std::vector<int64_t> offsets(blocks.count() + 1, 0);
-  for (int64_t b = 0; b < blocks.count(); ++b) {
-    offsets[b + 1] = offsets[b] + parts[b].size;
-  }
+  const std::vector<int64_t> offsets = cand->PartOffsets();
   const int64_t size = offsets.back();
   cand->value.resize(size);
   cand->index.resize(size);
