@@ -153,6 +153,12 @@ def as_float32(a: np.ndarray, dtype: str) -> np.ndarray:
     return from_bfloat16(a) if dtype == "bfloat16" else a.astype(np.float32)
 
 
+def flush_subnormals(x: np.ndarray) -> np.ndarray:
+    """float32 subnormals as zeros of their sign (FTZ and DAZ)."""
+    tiny = np.abs(x) < np.finfo(np.float32).tiny
+    return np.where(tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
+
+
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and np.array_equal(
         a.view(np.uint8), b.view(np.uint8)
@@ -983,9 +989,16 @@ def check_add_residual(h: Harness, sizes, setup, verbose) -> int:
         )
         if n > 4:
             a[:3], b[:3] = [np.inf, np.inf, np.nan], [-np.inf, 1, 2]
+        if n > 9:  # subnormal addends and sums, which the CPU flushes
+            tiny = np.float32(2.0**-126)
+            a[4:9] = [1e-39, -3e-39, tiny, 1.5 * tiny, 1.0]
+            b[4:9] = [0.0, 1e-39, -tiny / 2, -1.25 * tiny, -3e-39]
         g, r = to_dtype(a, dtype), to_dtype(b, dtype)
         with np.errstate(invalid="ignore"):  # inf - inf
-            total = as_float32(g, dtype) + as_float32(r, dtype)
+            total = flush_subnormals(
+                flush_subnormals(as_float32(g, dtype))
+                + flush_subnormals(as_float32(r, dtype))
+            )
         want = to_dtype(total, dtype)
         got = h.add_residual(g, r, dtype)
         # The device writes NaN as 0x7fff; numpy keeps the payload.
@@ -1033,11 +1046,14 @@ def check_bits(h: Harness, sizes, setup, verbose) -> int:
             )
         for dtype in DTYPES:
             scales32 = rng.standard_normal(p).astype(np.float32)
+            if case % 2:  # subnormal scales and partial sums: flushed
+                scales32 *= np.float32(2.0**-126)
             scales = to_dtype(scales32, dtype)
             acc = np.zeros(n, np.float32)
             for row in range(p):  # the kernel's order, in float32
                 s = as_float32(scales[row : row + 1], dtype)[0]
-                acc = acc + np.where(masks[row], s, -s).astype(np.float32)
+                s = flush_subnormals(np.where(masks[row], s, -s))
+                acc = flush_subnormals(acc + s)
             got = h.unpack_bits_reduce(words, n, scales, dtype, vote=False)
             want = to_dtype(acc, dtype)
             if dtype == "float16":
@@ -1051,12 +1067,6 @@ def check_bits(h: Harness, sizes, setup, verbose) -> int:
                 got = got.view(np.float16)
             report(same_bits(got, want), f"unpack_bits_vote {p=} {n=} {dtype}")
     return failures
-
-
-def flush_subnormals(x: np.ndarray) -> np.ndarray:
-    """float32 subnormals as zeros of their sign (FTZ and DAZ)."""
-    tiny = np.abs(x) < np.finfo(np.float32).tiny
-    return np.where(tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
 
 
 def np_scatter_add_sum(values, indices, n: int, dtype: str) -> np.ndarray:

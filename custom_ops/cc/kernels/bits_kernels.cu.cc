@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "custom_ops/cc/kernels/bits_kernels.h"
+#include "custom_ops/cc/kernels/cuda_float.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
 
 namespace tfgc {
@@ -44,19 +45,8 @@ __global__ void UnpackKernel(const int32_t* words, int64_t rows, int64_t n,
   }
 }
 
-__device__ __forceinline__ float ToFloat(float v) { return v; }
-__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ __forceinline__ void Store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void Store(__half* p, float v) {
-  *p = __float2half_rn(v);
-}
-__device__ __forceinline__ void Store(__nv_bfloat16* p, float v) {
-  *p = __float2bfloat16_rn(v);
-}
-
+// out[e] = the sum over rows of +-scale (in row order, subnormals flushed
+// as on the CPU), or the majority vote +-1 (a tie votes +1).
 template <typename T, bool kVote>
 __global__ void ReduceKernel(const int32_t* words, const T* scales,
                              int64_t p, int64_t n, T* out) {
@@ -73,7 +63,7 @@ __global__ void ReduceKernel(const int32_t* words, const T* scales,
         votes += set;
       } else {
         const float s = ToFloat(scales[i]);
-        acc += set ? s : -s;
+        acc = AddFlushed(acc, set ? s : -s);
       }
     }
     Store(out + e, kVote ? (2 * votes >= p ? 1.0f : -1.0f) : acc);

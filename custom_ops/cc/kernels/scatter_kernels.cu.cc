@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "custom_ops/cc/kernels/cuda_float.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
 #include "custom_ops/cc/kernels/scatter_kernels.h"
 
@@ -46,26 +47,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 static_assert(kThreads == kDigits, "one thread per digit in the scans");
 
-__device__ __forceinline__ float ToFloat(float v) { return v; }
-__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ __forceinline__ void Store(float* p, float v) { *p = v; }
-__device__ __forceinline__ void Store(__half* p, float v) {
-  *p = __float2half_rn(v);
-}
-__device__ __forceinline__ void Store(__nv_bfloat16* p, float v) {
-  *p = __float2bfloat16_rn(v);
-}
-
-// A float32 subnormal becomes a zero of its sign, as on a CPU thread with
-// FTZ and DAZ set (an addition's subnormal result is exact, so flushing it
-// afterwards is what FTZ does).
-__device__ __forceinline__ float Flush(float v) {
-  const unsigned bits = __float_as_uint(v);
-  return (bits & 0x7f800000u) == 0 ? __uint_as_float(bits & 0x80000000u) : v;
-}
 
 __device__ __forceinline__ int64_t Min(int64_t a, int64_t b) {
   return a < b ? a : b;
@@ -201,7 +182,7 @@ __global__ void SumRunsKernel(const uint32_t* keys, const float* values,
     if (i > 0 && keys[i - 1] == key) continue;
     float sum = 0.0f;
     for (int64_t j = i; j < m && keys[j] == key; ++j) {
-      sum = Flush(sum + Flush(values[j]));
+      sum = AddFlushed(sum, values[j]);
     }
     Store(out + key, sum);
   }

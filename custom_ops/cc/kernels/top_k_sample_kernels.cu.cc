@@ -63,6 +63,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "custom_ops/cc/kernels/cuda_float.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
 
@@ -97,25 +98,6 @@ static_assert(DigitShift(kPasses - 1) == 0 &&
               "the digits cover the 31 bits of a key");
 static_assert((1 << DigitBits(2)) % kThreads == 0, "whole bins per thread");
 
-__device__ __forceinline__ float ToFloat(float v) { return v; }
-__device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ToFloat(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-template <typename T>
-__device__ __forceinline__ T FromFloat(float v);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // The key of an element (float16 and bfloat16 widen to float32 exactly).
 template <typename T>
@@ -308,11 +290,12 @@ __device__ __forceinline__ V BlockExclusiveScan(V v, V* total) {
   return warp_base + incl - v;
 }
 
+// acc = g + r, with the CPU kernel's bits (subnormals flushed, as there).
 template <typename T>
 __global__ void AddKernel(const T* g, const T* r, T* acc, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    acc[i] = FromFloat<T>(ToFloat(g[i]) + ToFloat(r[i]));
+    Store(acc + i, AddFlushed(ToFloat(g[i]), ToFloat(r[i])));
   }
 }
 
@@ -743,7 +726,7 @@ __global__ void WriteKernel(const T* x, Segments segs,
         if (pos >= 0 && pos < limit) {
           values[g.out_begin + pos] = v;
           indices[g.out_begin + pos] = static_cast<int32_t>(i);
-          if (zero != nullptr) zero[g.offset + i] = FromFloat<T>(0.0f);
+          if (zero != nullptr) Store(zero + g.offset + i, 0.0f);
         }
       }
       above_before += total_a;
