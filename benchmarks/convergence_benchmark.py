@@ -26,7 +26,9 @@ test metric, the total compression factor over the run (dense fp32 bytes x
 steps / all bytes sent, `compression_stats()["run_compression_ratio"]`)
 and, for SBC, the measured Golomb bits per position against the formula.
 Writes `convergence.json`, `convergence.md` and one loss-curve plot per
-task, `convergence_<task>.png`, to `--out` (docs/benchmarks/):
+task, `convergence_<task>.png`, to `--out` (docs/benchmarks/); a run of
+some `--tasks` keeps the other tasks' results found there, each with the
+command and machine that measured it:
 
     python -m benchmarks.run --preset convergence
     python benchmarks/convergence_benchmark.py --tasks resnet_digits \\
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import shlex
 import sys
@@ -86,7 +89,7 @@ COMPRESSORS = {
     "acpsgd": ("ACP-SGD rank 4", lambda d, m: C.ACPSGD(rank=4)),
 }
 #: Steps per task when --steps is not given.
-STEPS = {"resnet_digits": 200, "lstm_ptb": 500}
+STEPS = {"resnet_digits": 200, "lstm_ptb": 3000}
 DENSITY = 0.01
 
 
@@ -328,8 +331,8 @@ def _compared(metric: str, value: float, dense: float | None) -> str:
     return f"{100 * (value - dense):+.1f} points"
 
 
-def markdown(results: dict, meta: dict, plots: dict) -> str:
-    """The tables, the plots, the command and the machine."""
+def markdown(results: dict, plots: dict) -> str:
+    """The tables, the plots, and each task's command and machine."""
     lines = [
         "# Convergence at equal steps, per compressor",
         "",
@@ -343,17 +346,11 @@ def markdown(results: dict, meta: dict, plots: dict) -> str:
         "(payloads and overhead); on these small models the 1-D tensors "
         "and headers are a large share, so the factors are far below "
         "those on real model shapes. One seed: differences of a few "
-        "percent are within run-to-run noise.",
-        "",
-        f"Command: `{meta['command']}`. Machine: {meta['machine']}, "
-        f"TensorFlow {meta['tensorflow']}, compiled ops "
-        f"{'on' if meta['custom_ops'] else 'off'}; wall time "
-        f"{meta['wall_seconds'] / 60:.1f} min.",
+        "percent are within run-to-run noise. Each task names the command "
+        "that measured it: a run of some tasks keeps the others' results.",
     ]
-    if not meta.get("complete", True):
-        lines += ["", "**Incomplete: the sweep was cut short.**"]
     for task_name, task in results.items():
-        rows, metric = task["runs"], task["metric"]
+        rows, metric, meta = task["runs"], task["metric"], task["meta"]
         dense = rows.get("dense", {}).get("test_metric")
         versus = "x dense" if metric == "perplexity" else "vs dense"
         lines += [
@@ -361,6 +358,13 @@ def markdown(results: dict, meta: dict, plots: dict) -> str:
             f"## {task_name}",
             "",
             f"{task['description']}; {task['steps']} steps per run.",
+            "",
+            f"Command: `{meta['command']}`. Machine: {meta['machine']}, "
+            f"TensorFlow {meta['tensorflow']}, compiled ops "
+            f"{'on' if meta['custom_ops'] else 'off'}; wall time "
+            f"{meta['wall_seconds'] / 60:.1f} min"
+            + ("" if meta["complete"] else " (**cut short**)")
+            + ".",
             "",
             f"![{task_name} loss curves]({os.path.basename(plots[task_name])})",
             "",
@@ -412,17 +416,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _write(out: str, meta: dict, results: dict) -> None:
+def _path(out: str) -> str:
+    return os.path.join(out, "convergence")
+
+
+def earlier_tasks(out: str, tasks: list[str]) -> dict:
+    """The results of tasks an earlier run wrote to `out` that `tasks` omits.
+
+    A run of one task (say the LSTM for more steps) updates its section and
+    keeps the others, each with the command and machine that measured it.
+    """
+    try:
+        with open(_path(out) + ".json") as f:
+            earlier = json.load(f)["results"]
+    except FileNotFoundError:
+        return {}
+    return {t: r for t, r in earlier.items() if t in TASKS and t not in tasks}
+
+
+def _write(out: str, results: dict) -> None:
     """The JSON, the markdown and one plot per task, in `out`."""
     os.makedirs(out, exist_ok=True)
+    results = {t: results[t] for t in TASKS if t in results}
     plots = {}
     for task_name, task in results.items():
         plots[task_name] = os.path.join(out, f"convergence_{task_name}.png")
         plot(task_name, task["runs"], task["window"], plots[task_name])
     _common.write_results(
-        os.path.join(out, "convergence"),
-        {"meta": meta, "results": results},
-        markdown(results, meta, plots),
+        _path(out), {"results": results}, markdown(results, plots)
     )
 
 
@@ -439,24 +460,27 @@ def main(argv=None) -> int:
             f"unknown {unknown}; tasks: {list(TASKS)}, compressors: "
             f"{list(COMPRESSORS)}"
         )
-    begin = time.perf_counter()
-    meta = _common.machine_meta(1)
-    del meta["repeats"], meta["unit"]
-    meta["command"] = " ".join(
+    machine = _common.machine_meta(1)
+    del machine["repeats"], machine["unit"]
+    machine["command"] = " ".join(
         ["python -m benchmarks.run --preset convergence", shlex.join(argv)]
     ).strip()
-    results = {}
+    results = earlier_tasks(args.out, tasks)
     total, done = len(tasks) * len(names), 0
+    begin = time.perf_counter()
     for task_name in tasks:
         task = TASKS[task_name](args.tiny)
         steps = args.steps or STEPS[task_name]
+        meta = dict(machine)
         results[task_name] = {
             "description": task["description"],
             "metric": task["metric"],
             "steps": steps,
             "window": max(1, steps // 30),
+            "meta": meta,
             "runs": {},
         }
+        task_begin = time.perf_counter()
         for name in names:
             done += 1
             print(
@@ -469,10 +493,10 @@ def main(argv=None) -> int:
             summary = {k: v for k, v in run.items() if k != "losses"}
             print(f"    {summary}", flush=True)
             # After every run, so that a cut-short sweep leaves its results.
-            meta["wall_seconds"] = time.perf_counter() - begin
+            meta["wall_seconds"] = time.perf_counter() - task_begin
             meta["load_average"] = os.getloadavg()
-            meta["complete"] = done == total
-            _write(args.out, meta, results)
+            meta["complete"] = len(results[task_name]["runs"]) == len(names)
+            _write(args.out, results)
     return 0
 
 

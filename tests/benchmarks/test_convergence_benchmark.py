@@ -20,18 +20,23 @@ COMPRESSORS = ("dense", "topk")
 TASKS = ("lstm_ptb", "resnet_digits")
 
 
-def test_tiny_run_writes_losses_plots_and_table(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable, "-m", "benchmarks.run", "--preset", "convergence",
-            "--tiny", "--steps", str(STEPS), "--out", str(tmp_path),
-            "--compressors", ",".join(COMPRESSORS),
-        ],
+def _python(*args: str) -> subprocess.CompletedProcess:
+    """Runs `python *args` in the repository, output captured."""
+    return subprocess.run(
+        [sys.executable, *args],
         cwd=REPO,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
         capture_output=True,
         text=True,
         timeout=300,
+    )
+
+
+def test_tiny_run_writes_losses_plots_and_table(tmp_path):
+    proc = _python(
+        "-m", "benchmarks.run", "--preset", "convergence", "--tiny",
+        "--steps", str(STEPS), "--out", str(tmp_path),
+        "--compressors", ",".join(COMPRESSORS),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for task in TASKS:
@@ -65,16 +70,61 @@ def test_tiny_run_writes_losses_plots_and_table(tmp_path):
 
 
 def test_unknown_compressor_is_a_usage_error(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable, "benchmarks/convergence_benchmark.py",
-            "--compressors", "dense,nosuch", "--out", str(tmp_path),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = _python(
+        "benchmarks/convergence_benchmark.py", "--compressors", "dense,nosuch",
+        "--out", str(tmp_path),
     )  # fmt: skip
     assert proc.returncode == 2
     assert "nosuch" in proc.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_a_run_of_one_task_keeps_the_other_tasks_results(tmp_path):
+    earlier = {
+        "description": "an earlier digits run",
+        "metric": "accuracy",
+        "steps": 4,
+        "window": 1,
+        "meta": {
+            "command": "python -m benchmarks.run --preset convergence "
+            "--tasks resnet_digits --steps 4",
+            "machine": "x86_64, 2 cores",
+            "tensorflow": "2.21.0",
+            "custom_ops": True,
+            "wall_seconds": 90.0,
+            "complete": True,
+        },
+        "runs": {
+            "dense": {
+                "train_loss": 1.5,
+                "test_metric": 0.5,
+                "run_compression_ratio": 1.0,
+                "seconds": 12.0,
+                "losses": [2.3, 2.0, 1.7, 1.5],
+            }
+        },
+    }
+    (tmp_path / "convergence.json").write_text(
+        json.dumps({"results": {"resnet_digits": earlier}})
+    )
+    proc = _python(
+        "benchmarks/convergence_benchmark.py", "--tiny", "--steps", "2",
+        "--tasks", "lstm_ptb", "--compressors", "dense",
+        "--out", str(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    results = json.loads((tmp_path / "convergence.json").read_text())
+    assert list(results["results"]) == ["resnet_digits", "lstm_ptb"]
+    assert results["results"]["resnet_digits"] == earlier
+    lstm = results["results"]["lstm_ptb"]
+    assert lstm["steps"] == 2 and list(lstm["runs"]) == ["dense"]
+    assert lstm["meta"]["complete"]
+    assert "--tasks lstm_ptb" in lstm["meta"]["command"]
+
+    table = (tmp_path / "convergence.md").read_text()
+    # Each section names the command that measured it.
+    assert f"Command: `{earlier['meta']['command']}`" in table
+    assert f"Command: `{lstm['meta']['command']}`" in table
+    assert table.index("## resnet_digits") < table.index("## lstm_ptb")
+    assert (tmp_path / "convergence_resnet_digits.png").exists()
