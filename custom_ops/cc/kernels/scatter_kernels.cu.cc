@@ -47,7 +47,6 @@ constexpr unsigned kFullMask = 0xffffffffu;
 
 static_assert(kThreads == kDigits, "one thread per digit in the scans");
 
-
 __device__ __forceinline__ int64_t Min(int64_t a, int64_t b) {
   return a < b ? a : b;
 }

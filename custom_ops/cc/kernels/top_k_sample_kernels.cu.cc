@@ -98,7 +98,6 @@ static_assert(DigitShift(kPasses - 1) == 0 &&
               "the digits cover the 31 bits of a key");
 static_assert((1 << DigitBits(2)) % kThreads == 0, "whole bins per thread");
 
-
 // The key of an element (float16 and bfloat16 widen to float32 exactly).
 template <typename T>
 __device__ __forceinline__ uint32_t Key(T v) {
