@@ -20,7 +20,7 @@ COMPRESSORS = ("dense", "topk")
 TASKS = ("lstm_ptb", "resnet_digits")
 
 
-def _python(*args: str) -> subprocess.CompletedProcess:
+def _python(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Runs `python *args` in the repository, output captured."""
     return subprocess.run(
         [sys.executable, *args],
@@ -28,7 +28,7 @@ def _python(*args: str) -> subprocess.CompletedProcess:
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
 
 
@@ -72,7 +72,7 @@ def test_tiny_run_writes_losses_plots_and_table(tmp_path):
 def test_unknown_compressor_is_a_usage_error(tmp_path):
     proc = _python(
         "benchmarks/convergence_benchmark.py", "--compressors", "dense,nosuch",
-        "--out", str(tmp_path),
+        "--out", str(tmp_path), timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2
     assert "nosuch" in proc.stderr
