@@ -27,6 +27,8 @@ namespace {
 
 void* g_scratch = nullptr;
 int64_t g_scratch_bytes = 0;
+cudaEvent_t g_timer_start = nullptr;
+cudaEvent_t g_timer_stop = nullptr;
 #if defined(TFGC_CUDA_EMULATION)
 // What the last tfgc_top_k_sample's launchers asked of the host.
 tfgc::emu::HostTraffic g_top_k_traffic;
@@ -94,6 +96,19 @@ class TopKSampleCall {
 #endif
 };
 
+// The rows (offset, n, k, seed) of a host table as the launchers' type.
+std::vector<tfgc::gpu::TopKSampleSegment> SegmentTable(const int64_t* table,
+                                                      int count) {
+  std::vector<tfgc::gpu::TopKSampleSegment> segments(count > 0 ? count : 0);
+  for (int s = 0; s < count; ++s) {
+    segments[s].offset = table[4 * s];
+    segments[s].n = table[4 * s + 1];
+    segments[s].k = table[4 * s + 2];
+    segments[s].seed = table[4 * s + 3];
+  }
+  return segments;
+}
+
 }  // namespace
 
 extern "C" {
@@ -157,34 +172,43 @@ int tfgc_top_k_sample(int dtype, const void* x, int64_t n, int64_t k,
   return err;
 }
 
+// The scratch bytes of the segmented TopKSample over `table` (as below);
+// -1 for an invalid table.
+int64_t tfgc_top_k_sample_segments_scratch_bytes(const int64_t* table,
+                                                 int count) {
+  return tfgc::gpu::TopKSampleSegmentsScratchBytes(
+      SegmentTable(table, count).data(), count);
+}
+
 // The segmented TopKSample over the fused buffer `x`: `table` (host) holds
 // `count` rows (offset, n, k, seed); the selections go one after another
 // into values/indices (`capacity` entries), out_sizes[count] (host) gets
-// each segment's size. The scratch is a device buffer of its own, of
-// exactly TopKSampleSegmentsScratchBytes, so the guard page catches an
-// access past it. Otherwise as tfgc_top_k_sample (traffic included).
+// each segment's size. `scratch` holds
+// tfgc_top_k_sample_segments_scratch_bytes; when null, the call allocates
+// a device buffer of exactly that size and frees it, so the guard page
+// catches an access past it (the timings pass their own, as TensorFlow's
+// allocator would). Otherwise as tfgc_top_k_sample (traffic included).
 int tfgc_top_k_sample_segments(int dtype, const void* x,
                                const int64_t* table, int count, int mode,
                                int rounds, void* values, int32_t* indices,
                                int64_t capacity, int64_t* out_sizes,
-                               void* zero_selected, int flush_denormals) {
+                               void* zero_selected, int flush_denormals,
+                               void* scratch) {
   if (flush_denormals && !TFGC_HARNESS_HAVE_MXCSR) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   TopKSampleCall call(flush_denormals != 0);
-  std::vector<tfgc::gpu::TopKSampleSegment> segments(count > 0 ? count : 0);
-  for (int s = 0; s < count; ++s) {
-    segments[s].offset = table[4 * s];
-    segments[s].n = table[4 * s + 1];
-    segments[s].k = table[4 * s + 2];
-    segments[s].seed = table[4 * s + 3];
+  const std::vector<tfgc::gpu::TopKSampleSegment> segments =
+      SegmentTable(table, count);
+  const bool own_scratch = scratch == nullptr;
+  int err = 0;
+  if (own_scratch) {
+    // -1 for an invalid table, which the launchers must refuse.
+    const int64_t bytes =
+        tfgc::gpu::TopKSampleSegmentsScratchBytes(segments.data(), count);
+    err = static_cast<int>(cudaMalloc(&scratch, bytes > 0 ? bytes : 1));
+    if (err != 0) return err;
   }
-  // -1 for an invalid table, which the launchers must refuse.
-  const int64_t bytes =
-      tfgc::gpu::TopKSampleSegmentsScratchBytes(segments.data(), count);
-  void* scratch = nullptr;
-  int err = static_cast<int>(cudaMalloc(&scratch, bytes > 0 ? bytes : 1));
-  if (err != 0) return err;
   const auto dt = static_cast<tfgc::gpu::DType>(dtype);
   const auto m = static_cast<tfgc::TopKSampleMode>(mode);
   err = tfgc::gpu::TopKSampleSegmentsPlan(dt, x, segments.data(), count, m,
@@ -203,7 +227,7 @@ int tfgc_top_k_sample_segments(int dtype, const void* x,
                                              total, values, indices,
                                              zero_selected, scratch, nullptr);
   }
-  cudaFree(scratch);
+  if (own_scratch) cudaFree(scratch);
   return err;
 }
 
@@ -346,33 +370,35 @@ int tfgc_emulation_convert(int dtype, const float* in, int64_t n,
 
 int tfgc_synchronize() { return static_cast<int>(cudaDeviceSynchronize()); }
 
-// Milliseconds per call of `fn_id` (0 top_k_sample mstopk, 1 threshold,
-// 2 trimmed, 3 pack_bits) averaged over `iters` calls, CUDA events.
-int tfgc_time(int fn_id, int dtype, const void* x, int64_t n, int64_t k,
-              int rounds, void* values, int32_t* indices, int64_t capacity,
-              int iters, float* ms) {
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  int err = 0;
-  int64_t size = 0;
-  // Warm-up call.
-  for (int it = -1; it < iters && err == 0; ++it) {
-    if (it == 0) cudaEventRecord(start);
-    if (fn_id == 3) {
-      err = tfgc_pack_bits(static_cast<const bool*>(x), n, indices);
-    } else {
-      err = tfgc_top_k_sample(dtype, x, n, k, fn_id, rounds, it, values,
-                              indices, capacity, &size, nullptr, 0);
-    }
+// The kernel timer of the timings (timings.py): tfgc_timer_start records
+// an event on the default stream, tfgc_timer_stop another, waits for it
+// and gives the milliseconds between them.
+int tfgc_timer_start() {
+  if (g_timer_start == nullptr) {
+    const cudaError_t err = cudaEventCreate(&g_timer_start);
+    if (err != cudaSuccess) return static_cast<int>(err);
   }
-  cudaEventRecord(stop);
-  cudaEventSynchronize(stop);
-  cudaEventElapsedTime(ms, start, stop);
-  *ms /= iters > 0 ? iters : 1;
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return err;
+  return static_cast<int>(cudaEventRecord(g_timer_start, nullptr));
+}
+
+int tfgc_timer_stop(float* ms) {
+  if (g_timer_stop == nullptr) {
+    const cudaError_t err = cudaEventCreate(&g_timer_stop);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
+  cudaError_t err = cudaEventRecord(g_timer_stop, nullptr);
+  if (err == cudaSuccess) err = cudaEventSynchronize(g_timer_stop);
+  if (err == cudaSuccess) {
+    err = cudaEventElapsedTime(ms, g_timer_start, g_timer_stop);
+  }
+  return static_cast<int>(err);
+}
+
+// A device-to-device copy on the default stream: the timings' floor for a
+// kernel that reads its input once.
+int tfgc_copy_device(void* dst, const void* src, int64_t bytes) {
+  return static_cast<int>(cudaMemcpyAsync(dst, src, bytes,
+                                          cudaMemcpyDeviceToDevice, nullptr));
 }
 
 }  // extern "C"

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,34 +60,35 @@ EMULATED_DEVICES = (
 sys.path.insert(0, ROOT)
 from custom_ops import build as ops_build  # noqa: E402
 from custom_ops.cuda_harness.numpy_oracle import (  # noqa: E402
-    np_select,
     np_select_segments,
+    np_selector,
 )
 
 
-def build_library(output: str = LIB, verbose: bool = False) -> str:
-    """Compiles the kernels and the C API into `output` with nvcc."""
+def build_library(
+    output: str = LIB, verbose: bool = False, targets: list[str] | None = None
+) -> str:
+    """Compiles the kernels and the C API into `output` with nvcc, with the
+    real build's flags for `targets` (-gencode flags; default the real
+    build's)."""
     found = ops_build.find_cuda()
     if found is None:
         raise ops_build.BuildError("nvcc and the CUDA headers were not found")
-    nvcc, home = found
+    nvcc, _ = found
     _, cuda_sources = ops_build.sources()
     srcs = [*cuda_sources, HARNESS_API]
     with tempfile.TemporaryDirectory() as tmp:
         objs = [os.path.join(tmp, f"{i}.o") for i in range(len(srcs))]
         ops_build._compile_all(
-            [ops_build.nvcc_command(nvcc, s, o) for s, o in zip(srcs, objs)],
+            [
+                ops_build.nvcc_command(nvcc, s, o, targets=targets)
+                for s, o in zip(srcs, objs)
+            ],
             verbose,
         )
-        cmd = [
-            nvcc,
-            "-shared",
-            *objs,
-            "-o",
-            output,
-            f"-L{os.path.join(home, 'lib64')}",
-            "-lcudart",
-        ]
+        # The CUDA runtime linked in statically: the library then loads
+        # on a bare machine whose toolkit is not on the loader's path.
+        cmd = [nvcc, "-shared", "--cudart=static", *objs, "-o", output]
         if verbose:
             print(" ".join(cmd))
         subprocess.run(cmd, check=True)
@@ -128,6 +130,57 @@ def build_emulation(output: str = EMULATION_LIB, verbose: bool = False) -> str:
         shutil.copyfile(staged, output + ".tmp")
         os.replace(output + ".tmp", output)
     return output
+
+
+class Sizes(NamedTuple):
+    """The input sizes of the checks. `small` ones get every case; `large`
+    ones (25 M and 100 M on a GPU) the cases of training: Gaussian and
+    heavy-tailed inputs, k at 0.1 % and 1 %, payloads of top-k size. The
+    special sets run at the small sizes, where they cost less."""
+
+    small: tuple[int, ...]
+    large: tuple[int, ...] = ()
+
+    def each(self) -> Iterator[tuple[int, bool]]:
+        """(n, whether n is a large size) for every size, small first."""
+        yield from ((n, False) for n in self.small)
+        yield from ((n, True) for n in self.large)
+
+
+class CheckResult(NamedTuple):
+    """One check's counts: cases run, mismatches among them, and inputs
+    skipped for being larger than --max-case-size."""
+
+    cases: int
+    failures: int
+    skipped_inputs: int
+
+
+class Tally:
+    """Counts one check's cases and prints each as ok or MISMATCH (only the
+    mismatches unless `verbose`). Inputs of more than `max_case_size`
+    elements are skipped and counted (the sanitizers' quick runs)."""
+
+    def __init__(self, verbose: bool = False, max_case_size: int | None = None):
+        self.verbose = verbose
+        self.max_case_size = max_case_size
+        self.cases = self.failures = self.skipped_inputs = 0
+
+    def __call__(self, ok: bool, what: str) -> None:
+        self.cases += 1
+        self.failures += not ok
+        if self.verbose or not ok:
+            print(f"{'ok' if ok else 'MISMATCH'} {what}", flush=True)
+
+    def skip(self, n: int) -> bool:
+        """Whether an input of n elements is skipped (and counts it)."""
+        if self.max_case_size is None or n <= self.max_case_size:
+            return False
+        self.skipped_inputs += 1
+        return True
+
+    def result(self) -> CheckResult:
+        return CheckResult(self.cases, self.failures, self.skipped_inputs)
 
 
 def to_bfloat16(x: np.ndarray) -> np.ndarray:
@@ -176,8 +229,10 @@ class Harness:
             ctypes.POINTER(i64), vp, i32,
         ]  # fmt: skip
         self.lib.tfgc_top_k_sample_segments.argtypes = [
-            i32, vp, vp, i32, i32, i32, vp, vp, i64, vp, vp, i32,
+            i32, vp, vp, i32, i32, i32, vp, vp, i64, vp, vp, i32, vp,
         ]  # fmt: skip
+        self.lib.tfgc_top_k_sample_segments_scratch_bytes.argtypes = [vp, i32]
+        self.lib.tfgc_top_k_sample_segments_scratch_bytes.restype = i64
         self.lib.tfgc_malloc.argtypes = [ctypes.POINTER(vp), i64]
         self.lib.tfgc_free.argtypes = [vp]
         self.lib.tfgc_copy_to_device.argtypes = [vp, vp, i64]
@@ -204,10 +259,8 @@ class Harness:
         self.lib.tfgc_golomb_decode.argtypes = [
             vp, i64, i64, i32, i64, vp, vp, vp,
         ]  # fmt: skip
-        self.lib.tfgc_time.argtypes = [
-            i32, i32, vp, i64, i64, i32, vp, vp, i64, i32,
-            ctypes.POINTER(ctypes.c_float),
-        ]  # fmt: skip
+        self.lib.tfgc_timer_stop.argtypes = [ctypes.POINTER(ctypes.c_float)]
+        self.lib.tfgc_copy_device.argtypes = [vp, vp, i64]
         # Whether TopKSample can run with the host thread flushing
         # denormals (FTZ and DAZ, as TensorFlow's threads do).
         self.can_flush = bool(self.lib.tfgc_can_flush_denormals())
@@ -323,7 +376,7 @@ class Harness:
         err = self.lib.tfgc_top_k_sample_segments(
             DTYPES.index(dtype), d_x, table.ctypes.data, count,
             MODES.index(mode), 20, d_v, d_i, cap, sizes.ctypes.data, d_z,
-            int(flush),
+            int(flush), None,
         )  # fmt: skip
         self.segments_error = err
         if err != 0 and not allow_error:
@@ -504,27 +557,37 @@ def first_bad(idx: np.ndarray, n: int) -> int:
 
 
 def golomb_inputs(sizes, rng):
-    """(description, indices, n, b) of valid and invalid encodings."""
-    for case, n in enumerate(sizes):
+    """(description, indices, n, b) of valid and invalid encodings; the
+    large sizes only with SBC's densities (k = n/1000 and n/100) and two
+    invalid inputs."""
+    for case, (n, large) in enumerate(sizes.each()):
         if n == 0:
             yield "empty n=0", np.zeros(0, np.int32), 0, 0
             continue
         dtype = np.int64 if case % 2 else np.int32
-        for k in sorted({0, 1, max(1, n // 100), n // 2, n}):
+        if large:
+            ks = {n // 1000, n // 100}
+        else:
+            ks = {0, 1, max(1, n // 100), n // 2, n}
+        for k in sorted(ks):
             idx = np.sort(rng.choice(n, k, replace=False)).astype(dtype)
-            for b in sorted({0, 1, optimal_b(k, n), 31}):
+            bs = {0, optimal_b(k, n), 31} | (set() if large else {1})
+            for b in sorted(bs):
                 yield f"{k=} {n=} {b=} {dtype.__name__}", idx, n, b
         # Invalid: a duplicate, an unsorted pair, n, -1, several bad.
-        k = max(2, n // 3)
+        k = max(2, n // 100 if large else n // 3)
+        invalid = [
+            ("duplicate", k - 1, None),
+            ("unsorted", k // 2, None),
+            ("index n", k - 1, n),
+            ("negative first", 0, -1),
+            ("negative", k // 2, -5),
+        ]
+        if large:
+            invalid = [invalid[0], invalid[3]]
         if n >= k + 1:
             idx = np.sort(rng.choice(n, k, replace=False)).astype(dtype)
-            for what, at, value in (
-                ("duplicate", k - 1, None),
-                ("unsorted", k // 2, None),
-                ("index n", k - 1, n),
-                ("negative first", 0, -1),
-                ("negative", k // 2, -5),
-            ):
+            for what, at, value in invalid:
                 bad = idx.copy()
                 if what == "duplicate":
                     bad[at] = bad[at - 1]
@@ -584,18 +647,12 @@ def decode_inputs(rng):
     yield "int32 limit", top, 1, 31, 2**31
 
 
-def check_golomb(h: Harness, sizes, setup, verbose) -> int:
-    failures = 0
+def check_golomb(h: Harness, sizes, setup, report: Tally) -> None:
     rng = np.random.default_rng(5)
-
-    def report(ok: bool, what: str) -> None:
-        nonlocal failures
-        failures += not ok
-        if verbose or not ok:
-            print(f"{'ok' if ok else 'MISMATCH'} {what}", flush=True)
-
     case = 0
     for name, idx, n, b in golomb_inputs(sizes, rng):
+        if report.skip(idx.size):
+            continue
         where = setup(case)
         case += 1
         bad = first_bad(idx, n)
@@ -619,6 +676,8 @@ def check_golomb(h: Harness, sizes, setup, verbose) -> int:
         ok = error == (0, 0, 0) and np.array_equal(out, idx.astype(np.int32))
         report(ok, f"golomb_decode {name} {error=}{where}")
     for name, data, k, b, limit in decode_inputs(rng):
+        if report.skip(data.size):
+            continue
         where = setup(case)
         case += 1
         want, want_error = np_golomb_decode(data, k, b, limit)
@@ -626,7 +685,6 @@ def check_golomb(h: Harness, sizes, setup, verbose) -> int:
         ok = data.dtype == np.uint8 and error == want_error
         ok = ok and np.array_equal(out[: want.size], want)
         report(ok, f"golomb_decode {name} {error=} want {want_error}{where}")
-    return failures
 
 
 # Subnormals of float32 and bfloat16 (m 2^-149, m 2^-133) and of float16
@@ -642,15 +700,27 @@ def top_k_inputs(
     sizes, rng
 ) -> Iterator[tuple[str, np.ndarray, tuple[str, ...], list[int] | None]]:
     """(description, float32 values, dtypes, k values or None for the
-    default ones) with NaN, Inf, ties, subnormals and special sets."""
-    for n in sizes:
+    default ones) with NaN, Inf, ties, subnormals and special sets; the
+    large sizes get Gaussian and Student-t inputs with k = 1, n/1000 and
+    n/100 only."""
+    for n, large in sizes.each():
         x = rng.standard_normal(n).astype(np.float32)
         if n > 100:
             x[rng.integers(0, n, 3)] = np.nan
             x[rng.integers(0, n, 2)] = np.inf
             x[rng.integers(0, n, 2)] = -np.inf
-        yield f"gaussian {n=}", x, DTYPES, None
-    n = max([s for s in sizes if s < 5000] or sizes)
+        if not large:
+            yield f"gaussian {n=}", x, DTYPES, None
+            continue
+        ks = [1, n // 1000, n // 100]
+        yield f"gaussian {n=}", x, DTYPES, ks
+        del x
+        x = rng.standard_t(2, n).astype(np.float32)
+        yield f"student-t df 2 {n=}", x, DTYPES, ks
+    small = sizes.small
+    if not small:
+        return
+    n = max([s for s in small if s < 5000] or small)
     ties = np.round(rng.standard_normal(n) * 2).astype(np.float32)
     yield f"ties {n=}", ties, DTYPES, None
     yield f"equal {n=}", np.full(n, -1.5, np.float32), DTYPES, None
@@ -687,7 +757,7 @@ def top_k_inputs(
     # is above all other keys), mostly zeros and equal keys (ties across
     # every digit of the radix select), with k = 1, n, and 2k > n.
     ks = [1, 2, max(1, n // 50), n // 2 + 1, max(1, n - 1), n]
-    big = max(sizes)
+    big = max(small)
     x = rng.standard_t(2, big).astype(np.float32)
     big_ks = [1, max(1, big // 1000), big // 2 + 1, big]
     yield f"student-t df 2 n={big}", x, DTYPES, big_ks
@@ -708,14 +778,6 @@ def top_k_inputs(
     yield f"equal magnitudes {n=}", x, DTYPES, ks
 
 
-def report(ok: bool, verbose: bool, what: str) -> int:
-    """Prints `what` as ok or MISMATCH (only mismatches unless `verbose`);
-    returns 1 for a mismatch, else 0."""
-    if verbose or not ok:
-        print(f"{'ok' if ok else 'MISMATCH'} {what}", flush=True)
-    return int(not ok)
-
-
 def expected_traffic(mode: str, n: int, k: int) -> tuple[int, int, int]:
     """What TopKSample's launchers may ask of the host: (waits, copies to
     the host, copies from the host). Nothing in the exact-k modes; one copy
@@ -723,22 +785,23 @@ def expected_traffic(mode: str, n: int, k: int) -> tuple[int, int, int]:
     return (1, 1, 0) if mode == "threshold" and n > 0 and k > 0 else (0, 0, 0)
 
 
-def check_top_k_sample(h: Harness, sizes, setup, verbose) -> int:
+def check_top_k_sample(h: Harness, sizes, setup, report: Tally) -> None:
     """TopKSample against numpy. Every other pair of cases runs with the
     host thread flushing denormals (FTZ and DAZ, as TensorFlow's threads
     do; under the emulation the device code too, as with nvcc -ftz=true),
     and the subnormal cases always do: keys compared as integers give the
     same selection in either mode. Under the emulation the launchers' host
     synchronisations and copies must also be `expected_traffic`'s."""
-    failures = 0
     rng = np.random.default_rng(0)
     case = 0
     for name, x32, dtypes, k_values in top_k_inputs(sizes, rng):
         n = x32.size
+        if report.skip(n):
+            continue
         subnormal = "subnormal" in name
         for dtype in dtypes:
             x = to_dtype(x32, dtype)
-            keys_of = as_float32(x, dtype)
+            select = np_selector(as_float32(x, dtype))
             ks = k_values or {0, 1, max(1, n // 1000), n // 2, n}
             for k in sorted(k for k in ks if k <= n):
                 for mode in MODES:
@@ -750,7 +813,7 @@ def check_top_k_sample(h: Harness, sizes, setup, verbose) -> int:
                     v, i, z = h.top_k_sample(
                         x, dtype, k, mode, seed, zero, flush
                     )
-                    want = np_select(keys_of, k, mode, seed=seed)
+                    want = select(k, mode, seed)
                     ok = np.array_equal(i, want) and same_bits(v, x[want])
                     traffic = ""
                     if h.emulated:
@@ -762,13 +825,11 @@ def check_top_k_sample(h: Harness, sizes, setup, verbose) -> int:
                         z_want = x.copy()
                         z_want[want] = 0
                         ok = ok and same_bits(z, z_want)
-                    failures += report(
+                    report(
                         ok,
-                        verbose,
                         f"top_k_sample {name} {k=} {mode} {dtype} {zero=} "
                         f"flush_denormals={flush}{traffic}{where}",
                     )
-    return failures
 
 
 def resnet50_sizes() -> list[int]:
@@ -841,7 +902,8 @@ def segment_inputs(sizes, rng, scale: int):
     dtypes) of segmented selections: mixed sizes and kinds with k = 0, 1,
     2, n/1000, n/2, n - 1 and n, segments with n = 0, gaps between
     segments and offsets out of order; k = n everywhere; every segment
-    inactive; no segment; one segment; ResNet-50's 161 tensors."""
+    inactive; no segment; one segment; ResNet-50's 161 tensors (with small
+    sizes only: a run of large sizes alone leaves it out)."""
     ks = (
         lambda n: 0, lambda n: 1, lambda n: n // 2, lambda n: n,
         lambda n: max(1, n // 1000), lambda n: n - 1, lambda n: 2,
@@ -860,7 +922,7 @@ def segment_inputs(sizes, rng, scale: int):
             offset += n + gap
         return x, np.array(rows, np.int64).reshape(-1, 4)
 
-    lengths = [n for n in sizes] + [0, 3, 0]
+    lengths = [*sizes.small, *sizes.large, 0, 3, 0]
     mixed = [lengths[j] for j in rng.permutation(len(lengths))]
     x, rows = fuse(mixed, lambda j, n: ks[j % len(ks)](n))
     yield f"mixed sizes count={len(rows)}", x, rows, DTYPES
@@ -874,11 +936,12 @@ def segment_inputs(sizes, rng, scale: int):
     x, rows = fuse([0, 5, 0, 9], lambda j, n: 0)
     yield "every segment inactive", x, rows, ("float32",)
     yield "no segment", np.zeros(4, np.float32), np.zeros((0, 4)), ("float32",)
-    big = max(sizes)
+    big = max(lengths)
     x, rows = fuse([big], lambda j, n: max(1, n // 100))
     yield f"one segment n={big}", x, rows, ("float16",)
-    x, rows = resnet50_segments(scale, rng)
-    yield f"ResNet-50 {len(rows)} tensors /{scale}", x, rows, DTYPES
+    if sizes.small:
+        x, rows = resnet50_segments(scale, rng)
+        yield f"ResNet-50 {len(rows)} tensors /{scale}", x, rows, DTYPES
 
 
 def expected_segment_traffic(mode: str, table) -> tuple[int, int, int]:
@@ -889,17 +952,18 @@ def expected_segment_traffic(mode: str, table) -> tuple[int, int, int]:
     return (*expected_traffic(mode, int(active), int(active))[:2], int(active))
 
 
-def check_top_k_segments(h: Harness, sizes, setup, verbose) -> int:
+def check_top_k_segments(h: Harness, sizes, setup, report: Tally) -> None:
     """The segmented TopKSample: every segment's values, indices and zeroed
     entries bit for bit those of the single-tensor launchers on the segment
     alone (and its indices numpy's); entries outside every segment left
     alone; under the emulation, the host traffic of
     expected_segment_traffic."""
-    failures = 0
     rng = np.random.default_rng(6)
     scale = 64 if h.emulated else 1
     case = 0
     for name, x32, table, dtypes in segment_inputs(sizes, rng, scale):
+        if report.skip(x32.size):
+            continue
         for dtype in dtypes:
             x = to_dtype(x32, dtype)
             keys_of = as_float32(x, dtype)
@@ -943,9 +1007,8 @@ def check_top_k_segments(h: Harness, sizes, setup, verbose) -> int:
                 ok = ok and not bad
                 if zero:
                     ok = ok and same_bits(z, z_want)
-                failures += report(
+                report(
                     ok,
-                    verbose,
                     f"top_k_sample_segments {name} {mode} {dtype} {zero=} "
                     f"flush_denormals={flush}{traffic} bad segments "
                     f"{bad[:10]}{where}",
@@ -967,21 +1030,20 @@ def check_top_k_segments(h: Harness, sizes, setup, verbose) -> int:
         ok = h.segments_error == 1  # cudaErrorInvalidValue
         if h.emulated:
             ok = ok and h.top_k_traffic == (0, 0, 0)
-        failures += report(
+        report(
             ok,
-            verbose,
             f"top_k_sample_segments invalid table {what}: error "
             f"{h.segments_error}",
         )
-    return failures
 
 
-def check_add_residual(h: Harness, sizes, setup, verbose) -> int:
-    failures = 0
+def check_add_residual(h: Harness, sizes, setup, report: Tally) -> None:
     rng = np.random.default_rng(1)
     for case, (n, dtype) in enumerate(
-        (n, dtype) for n in sizes for dtype in DTYPES
+        (n, dtype) for n, _ in sizes.each() for dtype in DTYPES
     ):
+        if report.skip(n):
+            continue
         where = setup(case)
         a = rng.standard_normal(n).astype(np.float32)
         b = rng.standard_normal(n).astype(np.float32) * 2.0 ** rng.integers(
@@ -1006,27 +1068,14 @@ def check_add_residual(h: Harness, sizes, setup, verbose) -> int:
         ok = same_bits(got[~nan], want[~nan]) and bool(
             np.all(np.isnan(as_float32(got, dtype)[nan]))
         )
-        if verbose or not ok:
-            print(
-                f"{'ok' if ok else 'MISMATCH'} add_residual {n=} {dtype}"
-                f"{where}",
-                flush=True,
-            )
-        failures += not ok
-    return failures
+        report(ok, f"add_residual {n=} {dtype}{where}")
 
 
-def check_bits(h: Harness, sizes, setup, verbose) -> int:
-    failures = 0
+def check_bits(h: Harness, sizes, setup, report: Tally) -> None:
     rng = np.random.default_rng(2)
-
-    def report(ok: bool, what: str) -> None:
-        nonlocal failures
-        failures += not ok
-        if verbose or not ok:
-            print(f"{'ok' if ok else 'MISMATCH'} {what}", flush=True)
-
-    for case, n in enumerate(sizes):
+    for case, (n, _) in enumerate(sizes.each()):
+        if report.skip(n):
+            continue
         where = setup(case)
         p = case % 4 + 1  # rows: 1..4, even counts give vote ties
         masks = rng.random((p, n)) < 0.5
@@ -1066,7 +1115,6 @@ def check_bits(h: Harness, sizes, setup, verbose) -> int:
             if dtype == "float16":
                 got = got.view(np.float16)
             report(same_bits(got, want), f"unpack_bits_vote {p=} {n=} {dtype}")
-    return failures
 
 
 def np_scatter_add_sum(values, indices, n: int, dtype: str) -> np.ndarray:
@@ -1107,15 +1155,15 @@ def scatter_matches(got, values, indices, n: int, dtype: str) -> bool:
     )
 
 
-def gathered_payloads(n: int, workers: int, rng):
+def gathered_payloads(n: int, workers: int, rng, k: int | None = None):
     """(float32 values, int32 indices) of `workers` top-k style payloads
-    concatenated in worker order: each part k distinct sorted indices out
-    of 2k (every element sent by several workers), one part shuffled with
-    its first index sent twice, magnitudes from 2^-20 to 2^20 so that the
-    order of the additions shows in the sums; and element 0 gets 2^24, 1
-    and -2^24 from the first three workers (0 in that order, 1 after
-    2^24 - 2^24)."""
-    k = max(1, n // 4)
+    concatenated in worker order: each part k (default n/4) distinct
+    sorted indices out of 2k (every element sent by several workers), one
+    part shuffled with its first index sent twice, magnitudes from 2^-20 to
+    2^20 so that the order of the additions shows in the sums; and element
+    0 gets 2^24, 1 and -2^24 from the first three workers (0 in that order,
+    1 after 2^24 - 2^24)."""
+    k = max(1, n // 4) if k is None else k
     parts, values = [], []
     for w in range(workers):
         part = np.sort(rng.choice(min(n, 2 * k), min(n, k), replace=False))
@@ -1135,9 +1183,18 @@ def gathered_payloads(n: int, workers: int, rng):
 
 def scatter_inputs(sizes, rng):
     """(description, float32 values, int32 indices, n, expected first bad
-    position or -1)."""
+    position or -1); the large sizes get all-gathered payloads of 1 % per
+    worker (as top-k sends) and one out-of-range index."""
     i32 = np.iinfo(np.int32)
-    for case, n in enumerate(sizes):
+    for case, (n, large) in enumerate(sizes.each()):
+        if large:
+            v, idx = gathered_payloads(n, 4, rng, k=n // 100)
+            yield f"4 workers 1 % {n=} m={idx.size}", v, idx, n, -1
+            bad = idx.size // 2
+            idx = idx.copy()
+            idx[bad] = n
+            yield f"bad index {n=} m={idx.size} at {bad}", v, idx, n, bad
+            continue
         # Duplicates (2 values per element on average, some none), the
         # first value at element 0 and the last at element n - 1.
         m = 2 * n + 1 if n > 0 else 0
@@ -1190,11 +1247,12 @@ def scatter_inputs(sizes, rng):
     yield f"special {n=}", v[perm], idx[perm].astype(np.int32), n, -1
 
 
-def check_scatter_add_sum(h: Harness, sizes, setup, verbose) -> int:
-    failures = 0
+def check_scatter_add_sum(h: Harness, sizes, setup, report: Tally) -> None:
     rng = np.random.default_rng(4)
     case = 0
     for name, v32, idx, n, bad in scatter_inputs(sizes, rng):
+        if report.skip(max(n, idx.size)):
+            continue
         for dtype in DTYPES:
             where = setup(case)
             case += 1
@@ -1204,17 +1262,13 @@ def check_scatter_add_sum(h: Harness, sizes, setup, verbose) -> int:
                 ok = pos == bad and index == idx[bad]
             else:
                 ok = pos == -1 and scatter_matches(got, v, idx, n, dtype)
-            if verbose or not ok:
-                print(
-                    f"{'ok' if ok else 'MISMATCH'} scatter_add_sum {name} "
-                    f"{dtype} (bad position {pos}){where}",
-                    flush=True,
-                )
-            failures += not ok
-    return failures
+            report(
+                ok,
+                f"scatter_add_sum {name} {dtype} (bad position {pos}){where}",
+            )
 
 
-def check_conversions(h: Harness) -> int:
+def check_conversions(h: Harness, report: Tally) -> None:
     """The emulation's float16/bfloat16 conversions against numpy."""
     rng = np.random.default_rng(3)
     halves = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
@@ -1230,7 +1284,6 @@ def check_conversions(h: Harness) -> int:
         "float16": np.concatenate([halves.view(np.float16), arbitrary]),
         "bfloat16": np.concatenate([from_bfloat16(halves), arbitrary]),
     }
-    failures = 0
     for code, dtype in ((1, "float16"), (2, "bfloat16")):
         x = np.ascontiguousarray(inputs[dtype], np.float32)
         out_bits = np.empty(x.size, np.uint16)
@@ -1247,11 +1300,7 @@ def check_conversions(h: Harness) -> int:
             and np.all(out_bits[nan] == 0x7FFF)
             and same_bits(back, as_float32(got, dtype))
         )
-        if not ok:
-            print(f"MISMATCH emulated {dtype} conversions")
-        failures += not ok
-    print(f"conversions: {failures} failures")
-    return failures
+        report(ok, f"emulated {dtype} conversions")
 
 
 CHECKS = {
@@ -1266,25 +1315,42 @@ CHECKS = {
 
 def check_correctness(
     h: Harness,
-    sizes=GPU_SIZES,
+    sizes: Sizes,
     setup: Callable[[int], str] = lambda case: "",
     verbose: bool = False,
     checks: list[str] | None = None,
-) -> int:
-    """Runs the `checks` (names of CHECKS; all by default); `setup(case)`
-    may reconfigure the emulated device before a case and returns a note
-    for the messages."""
-    failures = 0
+    max_case_size: int | None = None,
+) -> dict[str, CheckResult]:
+    """Runs the `checks` (names of CHECKS; all by default) and returns each
+    one's counts; `setup(case)` may reconfigure the emulated device before
+    a case and returns a note for the messages."""
+    results = {}
     for name in checks or CHECKS:
-        failures += CHECKS[name](h, sizes, setup, verbose)
+        report = Tally(verbose, max_case_size)
+        CHECKS[name](h, sizes, setup, report)
+        results[name] = report.result()
+        print(f"{name}: {describe(results[name])}", flush=True)
+    failures = sum(r.failures for r in results.values())
     print(f"correctness: {failures} failures")
-    return failures
+    return results
+
+
+def describe(result: CheckResult) -> str:
+    skipped = result.skipped_inputs
+    return f"{result.cases} cases, {result.failures} failures" + (
+        f", {skipped} inputs over --max-case-size skipped" if skipped else ""
+    )
 
 
 def check_emulation(
-    h: Harness, sizes, verbose: bool = False, checks: list[str] | None = None
-) -> int:
-    """check_correctness with the cases spread over EMULATED_DEVICES."""
+    h: Harness,
+    sizes: Sizes,
+    verbose: bool = False,
+    checks: list[str] | None = None,
+    max_case_size: int | None = None,
+) -> dict[str, CheckResult]:
+    """check_correctness with the cases spread over EMULATED_DEVICES, after
+    the emulation's own conversions ("conversions")."""
 
     def setup(case: int) -> str:
         sms, grid, schedule, seed = EMULATED_DEVICES[
@@ -1293,47 +1359,12 @@ def check_emulation(
         h.configure(sms, grid, schedule, seed)
         return f" [emulated {sms=} max_grid={grid} {schedule} {seed=}]"
 
-    failures = check_conversions(h)
-    return failures + check_correctness(h, sizes, setup, verbose, checks)
-
-
-def benchmark(h: Harness, sizes: list[int], iters: int) -> None:
-    try:
-        import torch  # noqa: PLC0415
-    except ImportError:
-        torch = None
-    print("| N | density | mode | tfgc ms | torch.topk ms | speedup |")
-    print("|---|---|---|---|---|---|")
-    for n in sizes:
-        x = np.random.default_rng(1).standard_normal(n).astype(np.float32)
-        d_x = h.to_device(x)
-        for density in (0.001, 0.01):
-            k = max(1, int(np.ceil(density * n)))
-            cap = 4 * k + 64
-            d_v, d_i = h.alloc(cap * 4), h.alloc(cap * 4)
-            t_torch = float("nan")
-            if torch is not None and torch.cuda.is_available():
-                tx = torch.from_numpy(x).cuda()
-                torch.topk(tx.abs(), k)
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    torch.topk(tx.abs(), k)
-                torch.cuda.synchronize()
-                t_torch = (time.perf_counter() - t0) * 1e3 / iters
-            for fn, mode in enumerate(MODES):
-                ms = ctypes.c_float(0)
-                err = h.lib.tfgc_time(
-                    fn, 0, d_x, n, k, 20, d_v, d_i, cap, iters,
-                    ctypes.byref(ms),
-                )  # fmt: skip
-                h.check(err, "time")
-                print(
-                    f"| {n:,} | {density:.1%} | {mode} | {ms.value:.3f} | "
-                    f"{t_torch:.3f} | {t_torch / ms.value:.2f}x |"
-                )
-            h.free(d_v, d_i)
-        h.free(d_x)
+    report = Tally(verbose)
+    check_conversions(h, report)
+    print(f"conversions: {report.failures} failures")
+    return {"conversions": report.result()} | check_correctness(
+        h, sizes, setup, verbose, checks, max_case_size
+    )
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -1353,44 +1384,79 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--library", help="path of the library to build and load"
     )
-    parser.add_argument("--sizes", default="1e6,25e6,1e8", help="benchmark")
     parser.add_argument(
-        "--check-sizes", help="sizes of the correctness checks (n,n,...)"
+        "--arch",
+        help="nvcc target, e.g. sm_90: machine code for it and its PTX "
+        "(default: the targets of the real build)",
+    )
+    parser.add_argument(
+        "--check-sizes",
+        help="sizes of the correctness checks (n,n,...; may be empty)",
+    )
+    parser.add_argument(
+        "--large-sizes",
+        default="",
+        help="sizes checked with the cases of training only (25e6,1e8)",
     )
     parser.add_argument(
         "--checks",
         help=f"correctness checks to run (comma-separated; default all: "
         f"{','.join(CHECKS)})",
     )
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument(
+        "--max-case-size",
+        type=int,
+        help="skip (and count) inputs of more elements than this",
+    )
+    parser.add_argument(
+        "--results", help="write each check's counts to this JSON file"
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
+    checks = args.checks.split(",") if args.checks else None
+    unknown = sorted(set(checks or ()) - set(CHECKS))
+    if unknown:
+        parser.error(f"unknown checks {unknown}; valid: {','.join(CHECKS)}")
     lib = args.library or (EMULATION_LIB if args.emulate else LIB)
     if not args.no_build or not os.path.exists(lib):
         if args.emulate:
             built = build_emulation(lib, args.verbose)
         else:
-            built = build_library(lib, args.verbose)
+            targets = ops_build.gencodes([args.arch]) if args.arch else None
+            built = build_library(lib, args.verbose, targets)
         print(f"built {built}", flush=True)
     if args.build_only:
         return 0
     h = Harness(lib)
-    if args.check_sizes:
-        sizes = parse_sizes(args.check_sizes)
+    if args.check_sizes is not None:
+        small = parse_sizes(args.check_sizes)
     else:
-        sizes = EMULATION_SIZES if h.emulated else GPU_SIZES
-    checks = args.checks.split(",") if args.checks else None
-    unknown = sorted(set(checks or ()) - set(CHECKS))
-    if unknown:
-        parser.error(f"unknown checks {unknown}; valid: {','.join(CHECKS)}")
+        small = EMULATION_SIZES if h.emulated else GPU_SIZES
+    sizes = Sizes(tuple(small), tuple(parse_sizes(args.large_sizes)))
     if h.emulated:
-        return 1 if check_emulation(h, sizes, args.verbose, checks) else 0
-    if h.devices() == 0:
+        results = check_emulation(
+            h, sizes, args.verbose, checks, args.max_case_size
+        )
+    elif h.devices() == 0:
         print("no CUDA device is visible; built only")
         return 2
-    failures = check_correctness(h, sizes, verbose=args.verbose, checks=checks)
-    benchmark(h, parse_sizes(args.sizes), args.iters)
-    return 1 if failures else 0
+    else:
+        results = check_correctness(
+            h, sizes, verbose=args.verbose, checks=checks,
+            max_case_size=args.max_case_size,
+        )  # fmt: skip
+    if args.results:
+        with open(args.results, "w") as f:
+            json.dump(
+                {
+                    "emulated": h.emulated,
+                    "sizes": sizes._asdict(),
+                    "checks": {k: r._asdict() for k, r in results.items()},
+                },
+                f,
+                indent=1,
+            )
+    return 1 if any(r.failures for r in results.values()) else 0
 
 
 if __name__ == "__main__":
