@@ -255,16 +255,9 @@ def test_cli_rejects_bad_arguments(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
-def _cli(*args: str, module: bool = False) -> list[str]:
-    """Returns a launcher command line.
-
-    ``python -m tfgc.launch`` imports the ``tfgc`` package and so
-    TensorFlow (seconds); running the file as a script skips that, which
-    works because launch.py imports nothing from tfgc.
-    """
-    if module:
-        return [sys.executable, "-m", "tfgc.launch", *args]
-    return [sys.executable, str(REPO / "tfgc" / "launch.py"), *args]
+def _cli(*args: str) -> list[str]:
+    """Returns a launcher command line (``python -m tfgc.launch ...``)."""
+    return [sys.executable, "-m", "tfgc.launch", *args]
 
 
 def _cli_env() -> dict[str, str]:
@@ -286,7 +279,6 @@ def test_cli_end_to_end_passes_worker_options_through():
             *_py("import sys; print('args', sys.argv[1:]); sys.exit(0)"),
             "-n",
             "7",
-            module=True,
         ),
         env=_cli_env(),
         capture_output=True,
@@ -342,6 +334,75 @@ def test_cli_sigterm_stops_workers_and_exits_143():
     assert proc.returncode == 143
     assert "got SIGTERM" in rest
     assert not any(_alive(pid) for pid in pids)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import tfgc.launch",
+        "import tfgc, tfgc.launch",
+        # What `python -m tfgc.launch --help` runs.
+        "import runpy, sys\n"
+        "sys.argv = ['launch', '--help']\n"
+        "try:\n"
+        "    runpy.run_module('tfgc.launch', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code",
+    ],
+)
+def test_launcher_does_not_import_tensorflow(code):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code + "\nimport sys\nprint('tf', 'tensorflow' in sys.modules)",
+        ],
+        env=_cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "tf False", result.stdout
+
+
+def test_lazy_tfgc_loads_on_first_use():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import sys
+                import tfgc
+                assert "tensorflow" not in sys.modules
+                from tfgc import _keras_compat
+                opt = tfgc.CompressedOptimizer
+                assert "tensorflow" in sys.modules
+                assert opt.__name__ == "CompressedOptimizer"
+                assert tfgc.compressors.get("topk").density == 0.01
+                assert tfgc.callbacks.CompressionStats
+                assert tfgc.communicators.names()
+                assert tfgc.ops.top_k_abs
+                assert "CompressedOptimizer" in dir(tfgc)
+                # The model.fit fix is in place, as `import tfgc` did.
+                assert _keras_compat._trainer is not None
+                try:
+                    tfgc.no_such_name
+                except AttributeError as err:
+                    assert "no_such_name" in str(err)
+                else:
+                    raise AssertionError("no AttributeError")
+                print("OK")
+                """
+            ),
+        ],
+        env=_cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.stdout.strip().endswith("OK"), result.stderr
 
 
 _ALL_REDUCE_WORKER = """

@@ -236,6 +236,9 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         # as it was. Both act only inside this wrapper's calls.
         _keras_compat.sum_gradients_unless_summed(inner_optimizer)
         _keras_compat.agree_on_finite_gradients()
+        # Where `import tfgc` came before TensorFlow and this class was
+        # imported from its module, nothing has installed the fix yet.
+        _keras_compat.patch_multi_worker_fit()
 
     # --- building ----------------------------------------------------------
 
