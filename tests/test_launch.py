@@ -255,16 +255,9 @@ def test_cli_rejects_bad_arguments(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
-def _cli(*args: str, module: bool = False) -> list[str]:
-    """Returns a launcher command line.
-
-    ``python -m tfgc.launch`` imports the ``tfgc`` package and so
-    TensorFlow (seconds); running the file as a script skips that, which
-    works because launch.py imports nothing from tfgc.
-    """
-    if module:
-        return [sys.executable, "-m", "tfgc.launch", *args]
-    return [sys.executable, str(REPO / "tfgc" / "launch.py"), *args]
+def _cli(*args: str) -> list[str]:
+    """Returns a launcher command line (``python -m tfgc.launch ...``)."""
+    return [sys.executable, "-m", "tfgc.launch", *args]
 
 
 def _cli_env() -> dict[str, str]:
@@ -286,7 +279,6 @@ def test_cli_end_to_end_passes_worker_options_through():
             *_py("import sys; print('args', sys.argv[1:]); sys.exit(0)"),
             "-n",
             "7",
-            module=True,
         ),
         env=_cli_env(),
         capture_output=True,
@@ -342,6 +334,268 @@ def test_cli_sigterm_stops_workers_and_exits_143():
     assert proc.returncode == 143
     assert "got SIGTERM" in rest
     assert not any(_alive(pid) for pid in pids)
+
+
+# A stand-in for a training main: on SIGTERM it "saves a backup" for
+# SAVE_S seconds, writes DIR/saved-<index> with the number of SIGTERMs it
+# got, and exits 3 (the mains exit non-zero when stopped).
+_SAVING_WORKER = """
+import os, signal, sys, time
+directory, save_s = sys.argv[1], float(sys.argv[2])
+index = os.environ["TFGC_WORKER_INDEX"]
+terms = []
+
+def on_sigterm(signum, frame):
+    terms.append(signum)
+    if len(terms) > 1:
+        return
+    time.sleep(save_s)
+    with open(os.path.join(directory, "saved-" + index), "w") as f:
+        f.write(str(len(terms)))
+    sys.exit(3)
+
+signal.signal(signal.SIGTERM, on_sigterm)
+print("ready", os.getpid(), flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _start_saving_workers(tmp_path, save_s, *options):
+    """Starts the launcher over 2 `_SAVING_WORKER`s; waits for both.
+
+    Returns:
+        `(launcher process, worker pids, lines read so far)`.
+    """
+    proc = subprocess.Popen(
+        _cli(
+            "-n",
+            "2",
+            *options,
+            "--",
+            sys.executable,
+            "-c",
+            _SAVING_WORKER,
+            str(tmp_path),
+            str(save_s),
+        ),
+        env=_cli_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    pids, lines = [], []
+    while len(pids) < 2:
+        line = proc.stdout.readline()
+        assert line, "launcher exited before both workers started"
+        lines.append(line)
+        if "] ready " in line:
+            pids.append(int(line.split()[-1]))
+    return proc, pids, lines
+
+
+def _finish(proc, timeout=90) -> str:
+    try:
+        rest, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return rest
+
+
+@pytest.mark.parametrize(
+    "sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
+)
+def test_signal_is_forwarded_once_and_workers_get_the_default_grace(
+    tmp_path, sig, code
+):
+    # Saving takes 7 s, longer than the 5 s the launcher used to allow:
+    # the default grace must let both workers finish.
+    proc, pids, _ = _start_saving_workers(tmp_path, 7)
+    proc.send_signal(sig)
+    rest = _finish(proc)
+    assert proc.returncode == code, rest
+    for index in range(2):
+        # Saved, and got SIGTERM exactly once.
+        assert (tmp_path / f"saved-{index}").read_text() == "1", rest
+    assert "waiting up to 30 s" in rest
+    assert "SIGKILL" not in rest
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_grace_is_configurable_and_ends_in_sigkill(tmp_path):
+    proc, pids, _ = _start_saving_workers(tmp_path, 60, "--grace", "1")
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    rest = _finish(proc)
+    assert proc.returncode == 130, rest
+    assert time.monotonic() - start < 30, rest
+    assert "worker(s) [0, 1] still running after 1 s; killed with SIGKILL" in (
+        rest
+    )
+    assert not list(tmp_path.glob("saved-*"))
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_second_ctrl_c_kills_at_once(tmp_path):
+    proc, pids, _ = _start_saving_workers(tmp_path, 60, "--grace", "120")
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    while True:
+        line = proc.stdout.readline()
+        assert line, "launcher exited before it waited for the workers"
+        if "waiting up to 120 s" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest = _finish(proc)
+    assert proc.returncode == 130, rest
+    # Well before the 120 s grace (and the workers' 60 s of saving).
+    assert time.monotonic() - start < 45, rest
+    assert "worker(s) [0, 1] asked again; killed with SIGKILL" in rest
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_stop_workers_reports_who_was_killed():
+    procs = [
+        subprocess.Popen(
+            _py(
+                f"""
+                import signal, time
+                if {i} == 1:
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                print("ready", flush=True)
+                time.sleep(60)
+                """
+            ),
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        for i in range(2)
+    ]
+    for proc in procs:
+        assert proc.stdout.readline() == b"ready\n"
+        proc.stdout.close()
+    stopped = launch.stop_workers(procs, grace=0.5)
+    assert stopped == launch.Stopped(killed=(1,), interrupted=False)
+    assert procs[0].returncode == -signal.SIGTERM
+    assert procs[1].returncode == -signal.SIGKILL
+
+
+_BANNERS = (
+    "WARNING: All log messages before absl::InitializeLog() is called are "
+    "written to STDERR",
+    "I0000 00:00:1795739909.243028    3642 port.cc:153] oneDNN custom "
+    "operations are on.",
+    "W0000 00:00:1795739909.243028    3642 x.cc:1] early warning",
+    "E0000 00:00:1795739909.243028    3642 x.cc:2] early error",
+)
+
+
+@pytest.mark.parametrize(
+    "kwargs, shown",
+    [
+        ({}, [3]),
+        ({"verbose": True}, [0, 1, 2, 3]),
+        ({"env": {"TF_CPP_MIN_LOG_LEVEL": "0"}}, [0, 1, 2, 3]),
+        ({"env": {"TF_CPP_MIN_LOG_LEVEL": "1"}}, [0, 2, 3]),
+    ],
+)
+def test_tensorflow_start_up_lines_follow_the_log_level(
+    kwargs, shown, monkeypatch
+):
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    code, text = _run(
+        f"""
+        import os, sys
+        print("level", os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
+        for line in {_BANNERS!r}:
+            print(line, file=sys.stderr)
+        print("I1127 00:38:38.353333 1 x.py:1] a normal line")
+        """,
+        1,
+        timeout=60,
+        **kwargs,
+    )
+    assert code == 0, text
+    lines = _worker_lines(text, 0)
+    # The launcher sets level 2 unless asked for everything or given one.
+    expected_level = kwargs.get("env", {}).get(
+        "TF_CPP_MIN_LOG_LEVEL", None if kwargs.get("verbose") else "2"
+    )
+    assert lines[0] == f"level {expected_level}"
+    assert [line for line in lines if line in _BANNERS] == [
+        _BANNERS[i] for i in shown
+    ]
+    assert lines[-1] == "I1127 00:38:38.353333 1 x.py:1] a normal line"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import tfgc.launch",
+        "import tfgc, tfgc.launch, tfgc.quiet",
+        # What `python -m tfgc.launch --help` runs.
+        "import runpy, sys\n"
+        "sys.argv = ['launch', '--help']\n"
+        "try:\n"
+        "    runpy.run_module('tfgc.launch', run_name='__main__')\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code",
+    ],
+)
+def test_launcher_does_not_import_tensorflow(code):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code + "\nimport sys\nprint('tf', 'tensorflow' in sys.modules)",
+        ],
+        env=_cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "tf False", result.stdout
+
+
+def test_lazy_tfgc_loads_on_first_use():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import sys
+                import tfgc
+                assert "tensorflow" not in sys.modules
+                from tfgc import _keras_compat
+                opt = tfgc.CompressedOptimizer
+                assert "tensorflow" in sys.modules
+                assert opt.__name__ == "CompressedOptimizer"
+                assert tfgc.compressors.get("topk").density == 0.01
+                assert tfgc.callbacks.CompressionStats
+                assert tfgc.communicators.names()
+                assert tfgc.ops.top_k_abs
+                assert "CompressedOptimizer" in dir(tfgc)
+                # The model.fit fix is in place, as `import tfgc` did.
+                assert _keras_compat._trainer is not None
+                try:
+                    tfgc.no_such_name
+                except AttributeError as err:
+                    assert "no_such_name" in str(err)
+                else:
+                    raise AssertionError("no AttributeError")
+                print("OK")
+                """
+            ),
+        ],
+        env=_cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.stdout.strip().endswith("OK"), result.stderr
 
 
 _ALL_REDUCE_WORKER = """

@@ -219,9 +219,9 @@ def _reduce_scalars_without_axis(original):
 def patch_multi_worker_fit() -> bool:
     """Makes Keras 3 `model.fit` work under MultiWorkerMirroredStrategy.
 
-    Called by `import tfgc`; idempotent. Set `TFGC_NO_KERAS_FIT_PATCH=1`
-    to leave Keras untouched. Single-worker strategies keep the original
-    code paths.
+    Called when tfgc loads (see `tfgc`) and by `CompressedOptimizer`;
+    idempotent. Set `TFGC_NO_KERAS_FIT_PATCH=1` to leave Keras untouched.
+    Single-worker strategies keep the original code paths.
 
     Returns:
         True if the fix is in place.

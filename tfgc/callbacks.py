@@ -21,13 +21,32 @@ def _find_compressed(optimizer):
 
 
 class CompressionStats(keras.callbacks.Callback):
-    """Adds `sent_bytes`, `dense_bytes` and `compression_ratio` to the logs.
+    """Adds `CompressedOptimizer.compression_stats()` to the logs.
 
-    The values are per step and per worker: the bytes of the compressed
-    payloads this worker sent in the last step, the bytes a dense
-    all-reduce would carry, and their ratio. Put this callback in
-    `model.fit(callbacks=[...])`; the progress bar, `History`, TensorBoard
-    and CSV loggers then show them like any metric.
+    Put this callback in `model.fit(callbacks=[...])`; the progress bar,
+    `History`, TensorBoard and CSV loggers then show the values like any
+    metric. All are per worker, in bytes before the collective's own
+    transport factor (a ring all-reduce moves 2(p-1)/p of its buffer per
+    worker). Of the last step:
+
+    - `sent_bytes`: the compressed payloads this worker sent, measured
+      from the tensors.
+    - `overhead_bytes`: what went on the wire beyond them (headers, and
+      the padding of gathers whose payloads differ in size between
+      workers).
+    - `intra_host_bytes`: what stayed inside the host (the hierarchical
+      communicator; 0 otherwise).
+    - `dense_bytes`: what an uncompressed all-reduce of the same
+      gradients carries.
+    - `compression_ratio`: dense / (sent + overhead).
+
+    Over every step since the optimizer was built:
+
+    - `run_steps`: the steps counted.
+    - `run_mean_bytes`: (sent + overhead) per step.
+    - `run_compression_ratio`: dense / run_mean_bytes (with SBC's
+      communication delay most steps send nothing, so this, not the last
+      step's ratio, is what the run saved).
     """
 
     def _add(self, logs):

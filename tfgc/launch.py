@@ -15,7 +15,18 @@ Every line a worker prints is echoed with a ``[worker i] `` prefix. If a
 worker fails, the others are stopped and the launcher exits with the
 failing worker's exit code; on ``--timeout`` it exits with 124.
 
-This module deliberately does not import TensorFlow so that it starts fast.
+Stopping is gentle first: the workers get SIGTERM once (the training mains
+then save a backup and exit), then ``--grace`` seconds (default 30) to
+exit, and only then SIGKILL. Ctrl-C (SIGINT) or SIGTERM to the launcher
+stops the workers that way (exit code 130 or 143); a second Ctrl-C or
+SIGTERM during the grace period kills them at once.
+
+Quiet by default: the workers get ``TF_CPP_MIN_LOG_LEVEL=2`` unless the
+environment sets a level, and the lines TensorFlow logs while it loads,
+before that level takes effect (absl's and oneDNN's notices), are dropped
+as that level asks (`tfgc.quiet`). ``--verbose`` shows everything.
+
+This module does not import TensorFlow, so that it starts fast.
 """
 
 from __future__ import annotations
@@ -30,10 +41,14 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TextIO
+from typing import NamedTuple, TextIO
+
+from tfgc import quiet
 
 __all__ = [
+    "DEFAULT_GRACE",
     "EXIT_TIMEOUT",
+    "Stopped",
     "cluster_spec",
     "free_ports",
     "host_names",
@@ -51,13 +66,45 @@ EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
 #: Exit code used when a worker command cannot be started at all.
 EXIT_CANNOT_START = 127
+#: Seconds between SIGTERM and SIGKILL: room for a main to save a backup.
+DEFAULT_GRACE = 30.0
 
 _POLL_S = 0.05
 _LAUNCH_PREFIX = "[launch] "
 
 
-class _Terminated(BaseException):
-    """Raised in the main thread when the launcher itself gets SIGTERM."""
+class _Signals:
+    """Ctrl-C and SIGTERM to the launcher while `run` runs.
+
+    The handlers only record the signal: `run` notices the first and
+    stops the workers, and any later one (`kill_now`) ends their grace
+    period. Nothing is raised in the middle of starting or stopping
+    workers, so none is left running. Handlers can be installed from the
+    main thread only; elsewhere the signals keep their handlers.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.kill_now = threading.Event()
+        #: Set while workers are being stopped: any signal kills them.
+        self.stopping = False
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        del frame
+        if self.received or self.stopping:
+            self.kill_now.set()
+        self.received.append(signum)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -212,11 +259,14 @@ class _Output:
                 pass
 
 
-def _pump(pipe, prefix: str, out: _Output) -> None:
-    """Copies ``pipe`` to ``out`` line by line, prefixing each line."""
+def _pump(pipe, prefix: str, out: _Output, level: int) -> None:
+    """Copies ``pipe`` to ``out`` line by line, prefixing each line and
+    dropping TensorFlow's start-up lines below C++ log level ``level``."""
     with pipe:
         for raw in iter(pipe.readline, b""):
-            out.line(prefix + raw.decode("utf-8", errors="replace"))
+            text = raw.decode("utf-8", errors="replace")
+            if not quiet.is_hidden(text, level):
+                out.line(prefix + text)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -226,30 +276,89 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def stop_workers(procs: Sequence[subprocess.Popen], grace: float = 5.0) -> None:
-    """Stops every worker's process group: SIGTERM, then SIGKILL.
+class Stopped(NamedTuple):
+    """How `stop_workers` ended.
+
+    Attributes:
+        killed: indices of the workers still running after the grace
+            period (or when the launcher was asked again), which got
+            SIGKILL.
+        interrupted: whether a second Ctrl-C or SIGTERM cut the grace
+            period short.
+    """
+
+    killed: tuple[int, ...]
+    interrupted: bool
+
+
+def stop_workers(
+    procs: Sequence[subprocess.Popen],
+    grace: float = DEFAULT_GRACE,
+    kill_now: threading.Event | None = None,
+) -> Stopped:
+    """Stops every worker's process group: SIGTERM once, then SIGKILL.
 
     Each worker must lead its own process group (started with
     ``start_new_session=True``), so that whatever it started goes with it.
-    Groups are signalled even of workers that have exited: their children
-    may live on.
+    The workers get SIGTERM once and ``grace`` seconds to exit (the mains
+    save a backup); SIGKILL then goes to every group, also of workers that
+    exited, whose children may live on. ``kill_now`` being set, or a
+    KeyboardInterrupt, ends the wait at once.
 
     Args:
         procs: The workers, as started by ``subprocess.Popen``.
         grace: Seconds between SIGTERM and SIGKILL, shared by all workers.
+        kill_now: Set (e.g. by a second Ctrl-C) to send SIGKILL at once.
+
+    Returns:
+        Which workers had to be killed, and whether the wait was cut short.
     """
     for proc in procs:
         _signal_group(proc, signal.SIGTERM)
+    interrupted = False
     deadline = time.monotonic() + grace
-    for proc in procs:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+    try:
+        while any(proc.poll() is None for proc in procs):
+            if kill_now is not None and kill_now.is_set():
+                interrupted = True
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(_POLL_S)
+    except KeyboardInterrupt:
+        interrupted = True  # asked a second time: do not wait any longer
+    killed = tuple(i for i, proc in enumerate(procs) if proc.poll() is None)
     for proc in procs:
         _signal_group(proc, signal.SIGKILL)
     for proc in procs:
         proc.wait()
+    return Stopped(killed, interrupted)
+
+
+def _stop(
+    procs: Sequence[subprocess.Popen],
+    grace: float,
+    out: _Output,
+    signals: _Signals,
+) -> None:
+    """`stop_workers`, saying what it does."""
+    signals.stopping = True
+    if any(proc.poll() is None for proc in procs):
+        out.line(
+            f"{_LAUNCH_PREFIX}sent SIGTERM; waiting up to {grace:g} s for "
+            "the workers to exit (a further Ctrl-C kills them now)"
+        )
+    stopped = stop_workers(procs, grace, signals.kill_now)
+    if stopped.killed:
+        why = (
+            "asked again"
+            if stopped.interrupted
+            else f"still running after {grace:g} s"
+        )
+        out.line(
+            f"{_LAUNCH_PREFIX}worker(s) {list(stopped.killed)} {why}; "
+            "killed with SIGKILL"
+        )
 
 
 def _check_args(
@@ -285,15 +394,18 @@ def run(
     cwd: str | os.PathLike | None = None,
     output: TextIO | None = None,
     ports: Sequence[int] | None = None,
-    grace: float = 5.0,
+    grace: float = DEFAULT_GRACE,
     hosts: int = 1,
+    verbose: bool = False,
 ) -> int:
     """Runs ``command`` as ``num_workers`` local workers and waits for them.
 
     Each worker gets ``TF_CONFIG``, ``TFGC_WORKER_INDEX``,
-    ``TFGC_NUM_WORKERS`` and ``PYTHONUNBUFFERED=1`` and runs in its own
-    session, so stopping it also stops anything it started. As soon as one
-    worker exits non-zero the others are stopped.
+    ``TFGC_NUM_WORKERS``, ``PYTHONUNBUFFERED=1`` and, unless the
+    environment or ``verbose`` says otherwise, ``TF_CPP_MIN_LOG_LEVEL=2``,
+    and runs in its own session, so stopping it also stops anything it
+    started. As soon as one worker exits non-zero the others are stopped
+    (see `stop_workers`); so are all on Ctrl-C or SIGTERM.
 
     Args:
         command: Program and arguments, the same for every worker.
@@ -305,14 +417,18 @@ def run(
         output: Text stream that receives the prefixed worker output and
             the launcher's own messages; ``sys.stdout`` if ``None``.
         ports: One port per worker; free ports are picked if ``None``.
-        grace: Seconds between SIGTERM and SIGKILL when stopping workers.
+        grace: Seconds between SIGTERM and SIGKILL when stopping workers:
+            long enough for a main to save its backup.
         hosts: Number of hosts the workers stand for (see the module
             docstring); must divide ``num_workers``.
+        verbose: Show all of the workers' output, TensorFlow's start-up
+            lines included, and leave ``TF_CPP_MIN_LOG_LEVEL`` unset.
 
     Returns:
         0 if every worker exited 0; otherwise the exit code of the first
         worker that failed (128 + N if killed by signal N), 124 on timeout,
-        127 if a worker could not be started, and 130 on Ctrl-C.
+        127 if a worker could not be started, 130 on Ctrl-C and 143 on
+        SIGTERM (to the launcher, in the main thread).
 
     Raises:
         ValueError: If ``command`` is empty, ``num_workers`` < 1, ``timeout``
@@ -332,6 +448,10 @@ def run(
     if env is not None:
         base_env.update(env)
     base_env["PYTHONUNBUFFERED"] = "1"
+    level = 0
+    if not verbose:
+        base_env.setdefault(quiet.LEVEL_VARIABLE, str(quiet.DEFAULT_LEVEL))
+        level = quiet.min_level(base_env)
 
     out.line(
         f"{_LAUNCH_PREFIX}starting {num_workers} worker(s) on ports "
@@ -339,8 +459,10 @@ def run(
     )
     procs: list[subprocess.Popen] = []
     pumps: list[threading.Thread] = []
-    try:
+    with _Signals() as signals:
         for index in range(num_workers):
+            if signals.received:
+                break  # _wait stops the ones started so far
             worker_env = dict(base_env)
             worker_env["TF_CONFIG"] = tf_config(
                 num_workers, ports, index, hosts=names
@@ -362,26 +484,18 @@ def run(
                     f"{_LAUNCH_PREFIX}cannot start worker {index} with "
                     f"command {list(command)!r}: {err}"
                 )
-                stop_workers(procs, grace)
+                _stop(procs, grace, out, signals)
                 return EXIT_CANNOT_START
             procs.append(proc)
             pump = threading.Thread(
                 target=_pump,
-                args=(proc.stdout, f"[worker {index}] ", out),
+                args=(proc.stdout, f"[worker {index}] ", out, level),
                 name=f"tfgc-launch-worker-{index}",
                 daemon=True,
             )
             pump.start()
             pumps.append(pump)
-        code = _wait(procs, timeout, grace, out)
-    except KeyboardInterrupt:
-        out.line(f"{_LAUNCH_PREFIX}interrupted; stopping all workers")
-        stop_workers(procs, grace)
-        code = EXIT_SIGINT
-    except _Terminated:
-        out.line(f"{_LAUNCH_PREFIX}got SIGTERM; stopping all workers")
-        stop_workers(procs, grace)
-        code = EXIT_SIGTERM
+        code = _wait(procs, timeout, grace, out, signals)
     # Let the pumps print what is left, but do not hang on pipes that a
     # stray grandchild still holds open.
     for pump in pumps:
@@ -394,10 +508,21 @@ def _wait(
     timeout: float | None,
     grace: float,
     out: _Output,
+    signals: _Signals,
 ) -> int:
-    """Polls the workers until all succeed, one fails or time runs out."""
+    """Polls the workers until all succeed, one fails, time runs out or
+    the launcher gets Ctrl-C or SIGTERM."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
+        if signals.received:
+            if signals.received[0] == signal.SIGINT:
+                out.line(f"{_LAUNCH_PREFIX}interrupted; stopping all workers")
+                code = EXIT_SIGINT
+            else:
+                out.line(f"{_LAUNCH_PREFIX}got SIGTERM; stopping all workers")
+                code = EXIT_SIGTERM
+            _stop(procs, grace, out, signals)
+            return code
         codes = [proc.poll() for proc in procs]
         for index, returncode in enumerate(codes):
             if returncode not in (None, 0):
@@ -405,7 +530,7 @@ def _wait(
                     f"{_LAUNCH_PREFIX}worker {index} {_describe(returncode)}; "
                     "stopping the other workers"
                 )
-                stop_workers(procs, grace)
+                _stop(procs, grace, out, signals)
                 return _exit_code(returncode)
         if all(returncode == 0 for returncode in codes):
             out.line(f"{_LAUNCH_PREFIX}all {len(procs)} worker(s) exited 0")
@@ -416,7 +541,7 @@ def _wait(
                 f"{_LAUNCH_PREFIX}timeout of {timeout:g} s expired with "
                 f"worker(s) {running} still running; stopping all workers"
             )
-            stop_workers(procs, grace)
+            _stop(procs, grace, out, signals)
             return EXIT_TIMEOUT
         time.sleep(_POLL_S)
 
@@ -457,17 +582,24 @@ def _non_negative_float(text: str) -> float:
         value = -1.0
     if not value >= 0:
         raise argparse.ArgumentTypeError(
-            f"expected seconds >= 0, got {text!r}; e.g. --grace 5"
+            f"expected seconds >= 0, got {text!r}; e.g. --grace 30"
         )
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """Puts the error first and the usage behind ``--help``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\nsee {self.prog} --help\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m tfgc.launch",
         usage=(
             "%(prog)s -n N [--hosts M] [--timeout SECONDS] [--port-base P] "
-            "[--grace SECONDS] -- COMMAND [ARG ...]"
+            "[--grace SECONDS] [--verbose] -- COMMAND [ARG ...]"
         ),
         description=(
             "Start N local MultiWorkerMirroredStrategy workers, each running "
@@ -507,9 +639,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--grace",
         type=_non_negative_float,
-        default=5.0,
+        default=DEFAULT_GRACE,
         metavar="SECONDS",
-        help="wait between SIGTERM and SIGKILL when stopping (default 5)",
+        help="when stopping (a worker failed, --timeout, Ctrl-C or SIGTERM), "
+        "send the workers SIGTERM once, wait this long for them to exit "
+        "(the training mains save a backup), then SIGKILL (default "
+        f"{DEFAULT_GRACE:g}); a second Ctrl-C or SIGTERM kills at once",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show all of the workers' output: TensorFlow's start-up lines "
+        "too, and no default TF_CPP_MIN_LOG_LEVEL=2 for the workers",
     )
     return parser
 
@@ -522,7 +663,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ``None``.
 
     Returns:
-        The launcher's exit code (see :func:`run`); 143 on SIGTERM.
+        The launcher's exit code (see :func:`run`); 130 on Ctrl-C, 143 on
+        SIGTERM.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
@@ -554,21 +696,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.error(f"argument --hosts: {err}")
 
-    def on_sigterm(signum, frame):
-        raise _Terminated()
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        return run(
-            command,
-            args.num_workers,
-            timeout=args.timeout,
-            ports=ports,
-            grace=args.grace,
-            hosts=args.hosts,
-        )
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return run(
+        command,
+        args.num_workers,
+        timeout=args.timeout,
+        ports=ports,
+        grace=args.grace,
+        hosts=args.hosts,
+        verbose=args.verbose,
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from tfgc import _arguments
 from tfgc.communicators import exchange, fusion
 from tfgc.communicators import topology as topology_lib
 from tfgc.communicators.collectives import Group
@@ -92,6 +93,12 @@ class Communicator:
         ALL_GATHER_RAGGED,
         BROADCAST,
     )
+
+    def __new__(cls, *args, **kwargs):
+        # A misspelled keyword is named with the closest valid one.
+        del args
+        _arguments.check_keywords(cls.__name__, cls.__init__, kwargs)
+        return super().__new__(cls)
 
     def __init__(self, options: _Options | None = None):
         if options is not None and not isinstance(options, _OPTIONS_TYPE):

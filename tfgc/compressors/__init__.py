@@ -6,6 +6,8 @@ Use a class directly (`TopK(density=0.01)`) or by name
 
 from __future__ import annotations
 
+import difflib
+
 import keras
 
 from tfgc.compressors.acpsgd import ACPSGD
@@ -59,7 +61,8 @@ def get(identifier, **kwargs) -> Compressor:
     Args:
         identifier: a name such as "topk" (case and "-"/"_" ignored), a dict
             from `keras.saving.serialize_keras_object`, or a `Compressor`.
-        **kwargs: constructor arguments, with a name only.
+        **kwargs: constructor arguments, with a name only; checked as the
+            class checks them (`TopK(densty=0.1)` names `density`).
     """
     if isinstance(identifier, Compressor):
         if kwargs:
@@ -74,8 +77,12 @@ def get(identifier, **kwargs) -> Compressor:
         key = identifier.lower().replace("-", "").replace("_", "")
         if key in _BY_NAME:
             return _BY_NAME[key](**kwargs)
+    close = ""
+    if isinstance(identifier, str):
+        match = difflib.get_close_matches(identifier.lower(), names(), n=1)
+        close = f"Did you mean {match[0]!r}? " if match else ""
     raise ValueError(
-        f"Unknown compressor {identifier!r}. Use one of {names()}, a "
+        f"Unknown compressor {identifier!r}. {close}Use one of {names()}, a "
         "tfgc.compressors.Compressor instance, or a Keras config dict."
     )
 

@@ -109,6 +109,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from tfgc import _arguments
+
 ALL_REDUCE = "all_reduce"
 ALL_GATHER = "all_gather"
 ALL_GATHER_RAGGED = "all_gather_ragged"
@@ -181,28 +183,22 @@ def payload_nbytes(payload) -> tf.Tensor:
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
     """Validates an integer argument >= `minimum` and returns it."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value < minimum
-    ):
-        raise ValueError(
-            f"`{name}` must be an integer >= {minimum}. Received: "
-            f"{name}={value!r}"
-        )
-    return int(value)
+    return _arguments.check_int(name, value, minimum)
 
 
 def check_density(density) -> float:
-    """Validates a `density` argument and returns it as a float."""
-    try:
-        value = float(density)
-    except (TypeError, ValueError, OverflowError):
-        value = float("nan")
-    if not (0.0 < value <= 1.0) or math.isnan(value):
+    """Validates a `density` argument and returns it as a float.
+
+    Only a number is accepted (a string is refused, as for every numeric
+    argument of tfgc).
+    """
+    requirement = (
+        "a number in (0, 1], the fraction of elements to send (0.01 sends 1 %)"
+    )
+    value = _arguments.check_number("density", density, requirement)
+    if not 0.0 < value <= 1.0:
         raise ValueError(
-            "`density` must be a number in (0, 1], the fraction of elements "
-            f"to send (0.01 sends 1 %). Received: density={density!r}"
+            f"`density` must be {requirement}. Received: density={density!r}"
         )
     return value
 
@@ -233,6 +229,13 @@ def num_selected(n: int, density: float) -> int:
 
 class Compressor:
     """Base class; subclasses implement the methods documented above."""
+
+    def __new__(cls, *args, **kwargs):
+        # Python's own error for a misspelled keyword names no fix; this
+        # one names the closest valid keyword (also through `get`).
+        del args
+        _arguments.check_keywords(cls.__name__, cls.__init__, kwargs)
+        return super().__new__(cls)
 
     #: What the payload needs: `ALL_REDUCE` (linear), `ALL_GATHER`,
     #: `ALL_GATHER_RAGGED` or `BROADCAST` (see `collectives()`).

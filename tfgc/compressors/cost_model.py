@@ -10,18 +10,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from tfgc import _arguments
+
 
 def _check(name: str, value, positive: bool) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        number = float("nan")
-    ok = number > 0 if positive else number >= 0
-    if not (ok and math.isfinite(number)):
-        bound = "> 0" if positive else ">= 0"
+    bound = "> 0" if positive else ">= 0"
+    requirement = f"a finite number {bound}"
+    number = _arguments.check_number(name, value, requirement)
+    if not (number > 0 if positive else number >= 0):
         raise ValueError(
-            f"`{name}` must be a finite number {bound}. Received: "
-            f"{name}={value!r}"
+            f"`{name}` must be {requirement}. Received: {name}={value!r}"
         )
     return number
 
@@ -48,6 +46,12 @@ class CostModel:
     bandwidth: float
     select_time: float = 1e-9
     scatter_time: float = 2e-10
+
+    def __new__(cls, *args, **kwargs):
+        # A misspelled field is named with the closest valid one.
+        del args
+        _arguments.check_keywords(cls.__name__, cls.__init__, kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self):
         for name, positive in (

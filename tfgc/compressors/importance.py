@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tfgc import ops
+from tfgc import _arguments, ops
 from tfgc.compressors import _sparse, base
 from tfgc.ops.top_k_sample import slice_start_reference
 
@@ -75,10 +75,7 @@ class ImportancePruning(base.DensityCompressor):
 
     def __init__(self, density: float = 0.01, epsilon: float = 1e-8):
         super().__init__(density)
-        try:
-            eps = float(epsilon)
-        except (TypeError, ValueError, OverflowError):
-            eps = float("nan")
+        eps = _arguments.check_number("epsilon", epsilon, "a number > 0")
         if not eps > 0:
             raise ValueError(
                 f"`epsilon` must be a number > 0. Received: epsilon={epsilon!r}"

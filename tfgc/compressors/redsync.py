@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tfgc import ops
+from tfgc import _arguments, ops
 from tfgc.compressors import _sparse, base
 from tfgc.compressors.cost_model import CostModel
 from tfgc.compressors.identity import DensePayload, Identity
@@ -94,10 +94,7 @@ class RedSync(base.DensityCompressor):
         cost_model: str | CostModel | dict | None = PROBE,
     ):
         super().__init__(density)
-        try:
-            m = float(momentum)
-        except (TypeError, ValueError, OverflowError):
-            m = float("nan")
+        m = _arguments.check_number("momentum", momentum, "a number in [0, 1)")
         if not 0.0 <= m < 1.0:
             raise ValueError(
                 "`momentum` must be a number in [0, 1). Received: "

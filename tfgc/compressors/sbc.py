@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tfgc import ops
+from tfgc import _arguments, ops
 from tfgc.compressors import _sparse, base
 
 
@@ -77,7 +77,7 @@ class SBC(base.DensityCompressor):
     ):
         super().__init__(density)
         self.delay = base.check_positive_int("delay", delay)
-        self.binarize = bool(binarize)
+        self.binarize = _arguments.check_bool("binarize", binarize)
 
     def _golomb_b(self, shape) -> int:
         n = base.num_elements(shape)

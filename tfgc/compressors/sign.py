@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfgc import ops
+from tfgc import _arguments, ops
 from tfgc.compressors import base
 from tfgc.ops.bits import num_words
 
@@ -52,7 +52,7 @@ class SignSGD(base.Compressor):
     collective = base.ALL_GATHER
 
     def __init__(self, scaled: bool = True):
-        self.scaled = bool(scaled)
+        self.scaled = _arguments.check_bool("scaled", scaled)
 
     def compress(self, x, state, key):
         del key

@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import tensorflow as tf
 
-from tfgc import ops
+from tfgc import _arguments, ops
 from tfgc.compressors import _sparse, base
 
 
@@ -50,12 +50,9 @@ class TopK(base.DensityCompressor):
 
     def __init__(self, density: float = 0.01, batch_selection=None):
         super().__init__(density)
-        if batch_selection not in (None, True, False):
-            raise ValueError(
-                "`batch_selection` must be None (on a GPU), True or False. "
-                f"Received: batch_selection={batch_selection!r}"
-            )
-        self.batch_selection = batch_selection
+        self.batch_selection = _arguments.check_bool(
+            "batch_selection", batch_selection, allow_none=True
+        )
 
     def select(self, x, k, key, residual=None):
         """(values, indices[, new residual]) of the k entries to send."""

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from tfgc import _keras_compat, communicators
+from tfgc import _arguments, _keras_compat, communicators
 from tfgc import compressors as compressors_lib
 from tfgc.communicators import probe
 from tfgc.communicators import topology as topology_lib
@@ -143,11 +143,10 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                     f"CompressedOptimizer does not take {misplaced}. Set "
                     "them on the inner optimizer instead."
                 )
-            raise ValueError(
-                f"Unknown arguments: {sorted(kwargs)}. CompressedOptimizer "
-                "takes inner_optimizer, compressor, error_feedback, "
-                "communicator, communication_options, min_compress_size, "
-                "seed, non_finite and name."
+            raise _arguments.unexpected_keyword(
+                "CompressedOptimizer",
+                sorted(kwargs)[0],
+                _arguments.keyword_names(CompressedOptimizer.__init__),
             )
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
             raise TypeError(
@@ -175,19 +174,11 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
                 "Pass the bare compressor and `error_feedback=True` instead "
                 f"of an ErrorFeedback wrapper. Received: {compressor!r}"
             )
-        if (
-            isinstance(min_compress_size, bool)
-            or not isinstance(min_compress_size, (int, np.integer))
-            or min_compress_size < 0
-        ):
-            raise ValueError(
-                "`min_compress_size` must be an integer >= 0. Received: "
-                f"min_compress_size={min_compress_size!r}"
-            )
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise ValueError(
-                f"`seed` must be an integer. Received: seed={seed!r}"
-            )
+        error_feedback = _arguments.check_bool("error_feedback", error_feedback)
+        min_compress_size = _arguments.check_int(
+            "min_compress_size", min_compress_size, minimum=0
+        )
+        seed = _arguments.check_int("seed", seed)
         if non_finite not in NON_FINITE_POLICIES:
             raise ValueError(
                 f"`non_finite` must be one of {list(NON_FINITE_POLICIES)}. "
@@ -197,12 +188,12 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         self.non_finite = non_finite
         self.inner_optimizer = inner_optimizer
         self.compressor = compressors_lib.get(compressor)
-        self.error_feedback = bool(error_feedback)
+        self.error_feedback = error_feedback
         self.communicator = communicators.get(
             communicator, options=communication_options
         )
-        self.min_compress_size = int(min_compress_size)
-        self.seed = int(seed)
+        self.min_compress_size = min_compress_size
+        self.seed = seed
         for collective in self.compressor.collectives():
             if not self.communicator.supports(collective):
                 raise ValueError(
@@ -236,6 +227,9 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         # as it was. Both act only inside this wrapper's calls.
         _keras_compat.sum_gradients_unless_summed(inner_optimizer)
         _keras_compat.agree_on_finite_gradients()
+        # Where `import tfgc` came before TensorFlow and this class was
+        # imported from its module, nothing has installed the fix yet.
+        _keras_compat.patch_multi_worker_fit()
 
     # --- building ----------------------------------------------------------
 
@@ -721,8 +715,8 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         communicator); `dense_bytes` is what an uncompressed all-reduce
         carries; `compression_ratio` is dense / (sent + overhead). The
         `run_` values count every step since the optimizer was built:
-        `run_mean_bytes` is (sent + overhead) per step and
-        `run_compression_ratio` dense / that (with SBC's communication
+        `run_steps` the steps, `run_mean_bytes` (sent + overhead) per step
+        and `run_compression_ratio` dense / that (with SBC's communication
         delay, most steps send nothing). All are before the collective's
         own transport factor. Call outside `tf.function`.
         """
