@@ -127,7 +127,7 @@ def _measure(shapes, make, steps):
             )
             for plan, s in zip(opt._plans, shapes)
         )
-        / compressor.delay
+        / compressor.spec.delay
     )
     dense = sum(int(np.prod(s)) * 4 for s in shapes)
 

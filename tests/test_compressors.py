@@ -6,12 +6,8 @@ import pytest
 import tensorflow as tf
 
 from tfgc import compressors, ops
-from tfgc.compressors.base import (
-    ALL_GATHER,
-    ALL_GATHER_RAGGED,
-    StepInfo,
-    payload_nbytes,
-)
+from tfgc.core.compressor import StepInfo
+from tfgc.core.wire import ALL_GATHER, ALL_GATHER_RAGGED, payload_nbytes
 
 ALL = {
     "identity": compressors.Identity(),
@@ -42,12 +38,12 @@ DTYPES = [tf.float32, tf.float16, tf.bfloat16]
 def local_step(compressor, x, state, key):
     """Runs every round for a single worker; returns everything seen."""
     extra = ()
-    if compressor.reads_step_info:  # a variable of ones, one worker
+    if compressor.spec.reads_step_info:  # a variable of ones, one worker
         extra = (StepInfo(tf.ones_like(x), 0, 1),)
     payload, ctx = compressor.compress(x, state, key, *extra)
     payloads = [payload]
-    kinds = compressor.collectives()
-    for r in range(compressor.rounds - 1):
+    kinds = compressor.spec.collectives
+    for r in range(compressor.spec.rounds - 1):
         payload, ctx = compressor.next_round(
             _as_received(kinds[r], payload), ctx
         )
@@ -99,7 +95,7 @@ def test_round_trip_shape_dtype_and_bytes(name, shape, dtype):
         tf.nest.map_structure(lambda t: t.shape, state)
     )
     measured = sum(int(payload_nbytes(p)) for p in payloads)
-    if compressor.collective == ALL_GATHER_RAGGED:
+    if ALL_GATHER_RAGGED in compressor.spec.collectives:
         # Data-dependent sizes: payload_bytes is the bound.
         assert 0 < measured <= compressor.payload_bytes(shape, dtype)
     else:

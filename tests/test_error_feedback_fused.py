@@ -13,8 +13,9 @@ import tensorflow as tf
 
 from tests import backends
 from tfgc import compressors, ops
-from tfgc.compressors import base
 from tfgc.compressors.error_feedback import ErrorFeedbackState
+from tfgc.core import wire
+from tfgc.core.compressor import NoState
 
 FUSED_OP = "Tfgc>TopKSampleWithResidual"
 
@@ -52,7 +53,7 @@ def _gathered(payload):
 def _ef_step(compressor, x, residual):
     """One ErrorFeedback step for one worker: (payload, total, residual)."""
     ef = compressors.ErrorFeedback(compressor)
-    state = ErrorFeedbackState(residual, base.NoState())
+    state = ErrorFeedbackState(residual, NoState())
     payload, ctx = ef.compress(x, state, tf.constant([1, 2], tf.int64))
     total, new_state = ef.decompress(_gathered(payload), ctx)
     return payload, total, new_state.residual
@@ -61,7 +62,7 @@ def _ef_step(compressor, x, residual):
 def _generic_step(compressor, x, residual):
     """The same step spelled out, as ErrorFeedback did before fusing."""
     corrected = x + tf.cast(residual, x.dtype)
-    payload, ctx = compressor.compress(corrected, base.NoState(), None)
+    payload, ctx = compressor.compress(corrected, NoState(), None)
     total, _ = compressor.decompress(_gathered(payload), ctx)
     sent = compressor.local_estimate(payload, ctx)
     return payload, total, corrected - sent
@@ -107,7 +108,7 @@ def _steps(compressor, shape, dtype, step_fn, residual_dtype=None):
 
 def _ties(shape, dtype):
     """Many equal magnitudes of both signs, so ties decide the selection."""
-    n = base.num_elements(shape)
+    n = wire.num_elements(shape)
     pattern = np.float32([1, -1, 0.5, 1, -0.5, -1, 0.25, 1])
     x = np.resize(pattern, n).reshape(shape)
     return tf.constant(x, dtype)

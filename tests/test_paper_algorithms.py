@@ -16,7 +16,7 @@ from tfgc import communicators, compressors
 from tfgc.communicators import fusion
 from tfgc.communicators.topology import Topology
 from tfgc.compressors import _sparse
-from tfgc.compressors.base import Network
+from tfgc.core.compressor import Network
 
 
 def _heavy(shape, seed):
@@ -93,7 +93,7 @@ def _redsync_step(c, g, state, step=0):
     received = tf.nest.map_structure(
         lambda t: (
             tf.RaggedTensor.from_tensor(t[None])
-            if c.collective == compressors.ALL_GATHER_RAGGED
+            if c.spec.collectives == (compressors.ALL_GATHER_RAGGED,)
             else t[None]
         ),
         payload,
@@ -140,9 +140,9 @@ def test_redsync_threshold_sends_between_k_and_2k():
     assert k < count < 2 * k
     expected = np_select(x, k, "threshold", rounds=20)
     np.testing.assert_array_equal(np.sort(payload.indices.numpy()), expected)
-    assert c.collective == compressors.ALL_GATHER_RAGGED
-    assert compressors.RedSync(selection="trimmed").collective == (
-        compressors.ALL_GATHER
+    assert c.spec.collectives == (compressors.ALL_GATHER_RAGGED,)
+    assert compressors.RedSync(selection="trimmed").spec.collectives == (
+        compressors.ALL_GATHER,
     )
 
 
@@ -157,7 +157,8 @@ def test_redsync_dense_and_warmup_paths_are_momentum_sgd():
     state = compressors.redsync.RedSyncState(
         tf.constant([1.0, 2.0]), tf.constant([0.5, 0.0])
     )
-    payload, new_state = warm.compress(tf.constant([1.0, 1.0]), state, None)
+    payload, ctx = warm.compress(tf.constant([1.0, 1.0]), state, None)
+    new_state = ctx.state
     # U = 0.9 U + g; U + V is sent and V emptied.
     np.testing.assert_allclose(payload.values.numpy(), [2.4, 2.8])
     np.testing.assert_allclose(new_state.momentum.numpy(), [1.9, 2.8])

@@ -15,7 +15,7 @@ from custom_ops.cuda_harness.numpy_oracle import np_slice_start
 from tests.conftest import NUM_LOGICAL_CPUS
 from tfgc import compressors, ops
 from tfgc.communicators import exchange
-from tfgc.compressors.base import StepInfo
+from tfgc.core.compressor import StepInfo
 
 
 def _heavy(shape, seed):
@@ -235,7 +235,7 @@ def test_importance_root_picks_by_gradient_over_weight():
     # The other worker names the same root; its own list is not sent.
     payload, _ = c.compress(x, (), _key(0, step), StepInfo(w, 1, 2))
     assert int(payload.root) == 0
-    assert c.collectives() == (compressors.base.BROADCAST, "all_reduce")
+    assert c.spec.collectives == (compressors.BROADCAST, "all_reduce")
 
 
 def test_importance_needs_the_variable():

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 import tfgc
 from tests import numpy_reference as ref
-from tfgc.compressors import base
+from tfgc.core.compressor import NoState
 
 INF = np.inf
 # (input, the nearest float16 / bfloat16): ties go to the even neighbour;
@@ -80,7 +80,7 @@ def test_cast_round_trip_is_the_nearest_16_bit_value(dtype):
     bulk = (rng.standard_normal(1000) * scales).astype(np.float32)
     x, want = np.concatenate([x, bulk]), np.concatenate([want, rounding(bulk)])
     key = tf.constant([0, 0], tf.int64)
-    payload, ctx = compressor.compress(tf.constant(x), base.NoState(), key)
+    payload, ctx = compressor.compress(tf.constant(x), NoState(), key)
     assert payload.values.dtype == tf.as_dtype(dtype)
     sent = tf.cast(payload.values, tf.float32).numpy()
     np.testing.assert_array_equal(sent, want)

@@ -84,12 +84,21 @@ def check_number(name: str, value, requirement: str = "a number") -> float:
     ok = isinstance(value, numbers.Real) and not isinstance(
         value, bool | np.bool_
     )
-    if not ok or not math.isfinite(float(value)):
+    if not ok or not _finite(value):
         raise ValueError(
             f"`{name}` must be {requirement}. Received: {name}={value!r}."
             f"{_string_fix(name, value, float)}"
         )
     return float(value)
+
+
+def _finite(value: numbers.Real) -> bool:
+    """Whether `value` is a finite float (an int too large for a float,
+    which Python's float() refuses with OverflowError, is not)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def keyword_names(function: Callable) -> list[str]:

@@ -1,7 +1,7 @@
 """The lab's cost model: alpha-beta collectives plus per-element compute,
 fitted to measured step times, checked on held-out runs, extrapolated.
 
-The terms are those of `tfgc.compressors.cost_model.CostModel` (latency
+The terms are those of `tfgc.compressors.CostModel` (latency
 alpha per message step of a collective, bandwidth, `select_time` per
 element), with what a whole training step adds. For p workers, a model of
 N parameters, a link of `rate` bit/s and a case sending W bytes per host
@@ -112,7 +112,7 @@ def _collective(compressor: str | None) -> str:
     """The ring a case's payload rides: all-reduce or all-gather."""
     if compressor is None:  # dense fp32
         return ALL_REDUCE
-    collective = tfgc.compressors.get(compressor).collective
+    collective = tfgc.compressors.get(compressor).spec.collectives[0]
     # A ragged gather is a gather of sizes plus one of payloads; the
     # payload's ring dominates.
     return ALL_REDUCE if collective == ALL_REDUCE else ALL_GATHER

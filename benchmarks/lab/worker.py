@@ -42,7 +42,7 @@ import tensorflow as tf
 
 import tfgc
 from tfgc.compressors import ALL_GATHER, ALL_GATHER_RAGGED, ALL_REDUCE
-from tfgc.compressors.base import BROADCAST
+from tfgc.core.wire import BROADCAST
 
 #: Batch per worker of each model.
 BATCH = {
@@ -188,8 +188,8 @@ def _rounds(compressor, shape, dtype) -> list[tuple[float, str]]:
     # Phases take turns (ACP-SGD's P and Q steps): their mean per step.
     nbytes = sum(c.payload_bytes(shape, dtype) for c in phases) / len(phases)
     # A communication delay (SBC) sends once per `delay` steps.
-    nbytes /= compressor.delay
-    collectives = compressor.collectives()
+    nbytes /= compressor.spec.delay
+    collectives = compressor.spec.collectives
     if len(set(collectives)) == 1:
         return [(nbytes, collectives[0])]
     if isinstance(compressor, tfgc.compressors.ImportancePruning):
@@ -230,7 +230,7 @@ def analytic_bytes(
     )
     # A compressor with a delay (SBC) exchanges once per round, the
     # tensors it sends dense too (CompressedOptimizer's rounds).
-    delay = optimizer.compressor.delay if compressed else 1
+    delay = optimizer.compressor.spec.delay if compressed else 1
     payload, wire = 0.0, 0.0
     for v in variables:
         shape, dtype = tuple(v.shape), tf.as_dtype(v.dtype)

@@ -1,4 +1,4 @@
-"""numpy oracle of tfgc/ops/top_k_sample.py's specification.
+"""numpy oracle of tfgc/ops/top_k_sample_reference.py's specification.
 
 A third implementation of the selection (beside the custom op and the
 pure-TF reference), in numpy only: no TensorFlow import, so that

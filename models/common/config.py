@@ -262,7 +262,7 @@ class CommonConfig:
         compressor = tfgc.compressors.get(
             self.compressor, **self.compressor_kwargs()
         )
-        if compressor.has_error_feedback and not self.error_feedback:
+        if compressor.spec.has_error_feedback and not self.error_feedback:
             raise ValueError(
                 "`--noerror_feedback` cannot be used with "
                 f"--compressor={key}: it always keeps its own residual "
@@ -303,7 +303,7 @@ class CommonConfig:
             self.compressor, **self.compressor_kwargs()
         )
         communicator = self.make_communicator()
-        for collective in compressor.collectives():
+        for collective in compressor.spec.collectives:
             if not communicator.supports(collective):
                 raise ValueError(
                     f"`--communicator={self.communicator}` cannot carry "

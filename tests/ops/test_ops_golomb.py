@@ -1,7 +1,7 @@
 """Tests of tfgc.ops Golomb-Rice position coding.
 
 Custom op vs pure-TF reference vs a plain-Python oracle of the format in
-tfgc/ops/golomb.py.
+tfgc/ops/golomb_reference.py.
 """
 
 import math

@@ -95,7 +95,7 @@ def f64(t) -> np.ndarray:
 
 
 def keys(x: np.ndarray) -> np.ndarray:
-    """key(x) of tfgc/ops/top_k_sample.py: |x|'s bits, NaN as +inf."""
+    """key(x) of tfgc/ops/top_k_sample_reference.py: |x|'s bits, NaN as +inf."""
     flat = np.asarray(x).reshape(-1)
     if flat.dtype == np.float64:
         bits = flat.view(np.int64) & 0x7FFFFFFFFFFFFFFF

@@ -8,9 +8,10 @@ from tfgc.communicators.communicator import (
     Auto,
     Communicator,
 )
-from tfgc.communicators.exchange import StepResult, Traffic
+from tfgc.communicators.exchange import StepResult
 from tfgc.communicators.hierarchical import Hierarchical
 from tfgc.communicators.topology import Topology
+from tfgc.core.wire import Traffic
 
 _BY_NAME = {c.name: c for c in (Auto, AllReduce, AllGather, Hierarchical)}
 

@@ -10,7 +10,8 @@ from tfgc import _arguments
 from tfgc.communicators import exchange, fusion
 from tfgc.communicators import topology as topology_lib
 from tfgc.communicators.collectives import Group
-from tfgc.compressors.base import (
+from tfgc.core import wire
+from tfgc.core.wire import (
     ALL_GATHER,
     ALL_GATHER_RAGGED,
     ALL_REDUCE,
@@ -175,7 +176,7 @@ class Communicator:
             compressors, tensors, states, keys: per tensor, its compressor,
                 gradient, compressor state and stateless key.
             variables: per tensor, the variable's value, for compressors
-                that read it (`Compressor.reads_step_info`); or None.
+                that read it (`Spec.reads_step_info`); or None.
 
         Returns:
             `StepResult`: the sum over workers of each tensor, the
@@ -190,7 +191,7 @@ class Communicator:
             lambda payloads, kinds: self.carry(payloads, kinds, group),
             exchange.step_infos(variables, group.rank, group.size),
         )
-        traffic = exchange.Traffic(sent, overhead, exchange.zero_bytes())
+        traffic = wire.Traffic(sent, overhead, wire.zero_bytes())
         return exchange.StepResult(totals, new_states, traffic)
 
     def carry(
@@ -228,7 +229,7 @@ class Communicator:
             )
             slots.setdefault(route, []).extend((i, j) for j in sent)
         received = [list(f) for f in flat]
-        overhead = exchange.zero_bytes()
+        overhead = wire.zero_bytes()
         for route, members in slots.items():
             tensors = [flat[i][j] for i, j in members]
             if route == ALL_REDUCE:

@@ -8,28 +8,12 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 
 from tfgc import ops
-from tfgc.compressors.base import Compressor, StepInfo, payload_nbytes
+from tfgc.core.compressor import Compressor, StepInfo
+from tfgc.core.wire import Traffic, payload_nbytes, zero_bytes
 
 #: carry(payloads, collectives) -> (received, overhead bytes): one round of
 #: payloads through the collectives their compressors declared.
 Carry = Callable[[Sequence[Any], Sequence[str]], tuple[list, tf.Tensor]]
-
-
-class Traffic(NamedTuple):
-    """Bytes one worker sent in one step (int64 scalar tensors).
-
-    Attributes:
-        sent: the payloads' own bytes on the network between hosts (with a
-            flat communicator, every byte this worker sent).
-        overhead: bytes sent beyond the payloads: headers and padding of
-            gathers whose payloads differ in size between workers.
-        intra_host: bytes exchanged with workers of the same host
-            (`Hierarchical` only), which never cross the slow network.
-    """
-
-    sent: tf.Tensor
-    overhead: tf.Tensor
-    intra_host: tf.Tensor
 
 
 class StepResult(NamedTuple):
@@ -44,10 +28,6 @@ class StepResult(NamedTuple):
     totals: list
     states: list
     traffic: Traffic
-
-
-def zero_bytes() -> tf.Tensor:
-    return tf.constant(0, tf.int64)
 
 
 def step_infos(variables, rank: int, num_peers: int) -> list:
@@ -69,7 +49,7 @@ def buckets(
     the last tensor backwards (a backward pass produces the last layers'
     gradients first), each exchanged with its own collectives.
     """
-    limits = [c.bucket_bytes for c in compressors if c.bucket_bytes]
+    limits = [c.spec.bucket_bytes for c in compressors if c.spec.bucket_bytes]
     if not limits:
         return [list(range(len(tensors)))]
     limit = max(limits)
@@ -94,7 +74,8 @@ def _compress_batches(
     groups: dict[tuple, list[int]] = {}
     for i in bucket:
         compressor = compressors[i]
-        if compressor.rounds == 1 and not compressor.reads_step_info:
+        spec = compressor.spec
+        if spec.rounds == 1 and not spec.reads_step_info:
             groups.setdefault((compressor, tensors[i].dtype), []).append(i)
     done = set()
     for (compressor, _), members in groups.items():
@@ -127,7 +108,7 @@ def run_rounds(
     tensor that still has one goes through a single `carry` call, so a
     round costs one fused collective per wire type, however many tensors
     there are. `infos` (per tensor) reach the compressors that read them
-    (`Compressor.reads_step_info`). While tracing for XLA, a compressor
+    (`Spec.reads_step_info`). While tracing for XLA, a compressor
     that XLA cannot compile (`Compressor.xla_unsupported`) is refused.
 
     Returns:
@@ -153,7 +134,7 @@ def run_rounds(
                 continue
             compressor = compressors[i]
             args = (tensors[i], states[i], keys[i])
-            if compressor.reads_step_info:
+            if compressor.spec.reads_step_info:
                 if infos is None or infos[i] is None:
                     raise ValueError(
                         f"{type(compressor).__name__} reads the variable's "
@@ -170,13 +151,13 @@ def run_rounds(
                 sent += payload_nbytes(payloads[i])
             received, extra = carry(
                 [payloads[i] for i in pending],
-                [compressors[i].collectives()[round_index] for i in pending],
+                [compressors[i].spec.collectives[round_index] for i in pending],
             )
             overhead += extra
             still_pending = []
             for i, reduced in zip(pending, received):
                 compressor = compressors[i]
-                if round_index + 1 < compressor.rounds:
+                if round_index + 1 < compressor.spec.rounds:
                     payloads[i], contexts[i] = compressor.next_round(
                         reduced, contexts[i]
                     )

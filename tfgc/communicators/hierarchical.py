@@ -6,11 +6,13 @@ import math
 
 import tensorflow as tf
 
+from tfgc import _arguments
 from tfgc.communicators import exchange, fusion
 from tfgc.communicators.collectives import Group
 from tfgc.communicators.communicator import Communicator, replica_id
 from tfgc.communicators.topology import Topology
-from tfgc.compressors.base import check_positive_int, num_elements
+from tfgc.core import wire
+from tfgc.core.wire import num_elements
 
 
 def _shard_rows(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -72,9 +74,9 @@ class Hierarchical(Communicator):
         self.workers_per_host = (
             None
             if workers_per_host is None
-            else check_positive_int("workers_per_host", workers_per_host)
+            else _arguments.check_int("workers_per_host", workers_per_host, 1)
         )
-        self.dense_threshold = check_positive_int(
+        self.dense_threshold = _arguments.check_int(
             "dense_threshold", dense_threshold, minimum=0
         )
         self._hosts: tuple[int, ...] | None = None
@@ -184,7 +186,7 @@ class Hierarchical(Communicator):
         everyone, host, peers = self._groups()
         n = len(tensors)
         totals, new_states = [None] * n, [None] * n
-        sent = overhead = intra = exchange.zero_bytes()
+        sent = overhead = intra = wire.zero_bytes()
         routes = {True: [], False: []}
         for i, t in enumerate(tensors):
             routes[self.sends_dense(tuple(t.shape))].append(i)
@@ -244,7 +246,7 @@ class Hierarchical(Communicator):
                 new_states[i] = state
                 if g > 1:  # the block into the host's all-reduce, a shard out
                     intra += (g + 1) * block.shape[1] * block.dtype.size
-        traffic = exchange.Traffic(sent, overhead, tf.cast(intra, tf.int64))
+        traffic = wire.Traffic(sent, overhead, tf.cast(intra, tf.int64))
         return exchange.StepResult(totals, new_states, traffic)
 
     def get_config(self):

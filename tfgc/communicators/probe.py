@@ -21,7 +21,7 @@ from tfgc import ops
 from tfgc.communicators import topology as topology_lib
 from tfgc.communicators.collectives import Group
 from tfgc.communicators.communicator import replica_id
-from tfgc.compressors.cost_model import CostModel
+from tfgc.core.cost_model import CostModel
 
 #: Bytes of the two all-reduces the line is fitted to.
 SIZES = (16 * 1024, 4 * 1024 * 1024)

@@ -11,18 +11,9 @@ import difflib
 import keras
 
 from tfgc.compressors.acpsgd import ACPSGD
-from tfgc.compressors.base import (
-    ALL_GATHER,
-    ALL_GATHER_RAGGED,
-    ALL_REDUCE,
-    Compressor,
-    Network,
-    StepInfo,
-    check_density,
-)
-from tfgc.compressors.cost_model import CostModel
+from tfgc.compressors.base import check_density
+from tfgc.compressors.dense import BF16, FP16, DenseWarmup, Identity
 from tfgc.compressors.error_feedback import ErrorFeedback
-from tfgc.compressors.identity import BF16, FP16, DenseWarmup, Identity
 from tfgc.compressors.importance import ImportancePruning
 from tfgc.compressors.mstopk import MSTopK
 from tfgc.compressors.powersgd import PowerSGD
@@ -31,6 +22,14 @@ from tfgc.compressors.redsync import RedSync
 from tfgc.compressors.sbc import SBC
 from tfgc.compressors.sign import SignSGD
 from tfgc.compressors.topk import TopK
+from tfgc.core.compressor import Compressor, Network, Spec, StepInfo
+from tfgc.core.cost_model import CostModel
+from tfgc.core.wire import (
+    ALL_GATHER,
+    ALL_GATHER_RAGGED,
+    ALL_REDUCE,
+    BROADCAST,
+)
 
 _BY_NAME = {
     "identity": Identity,
@@ -93,6 +92,7 @@ __all__ = [
     "ALL_GATHER_RAGGED",
     "ALL_REDUCE",
     "BF16",
+    "BROADCAST",
     "Compressor",
     "CostModel",
     "DenseWarmup",
@@ -107,6 +107,7 @@ __all__ = [
     "RedSync",
     "SBC",
     "SignSGD",
+    "Spec",
     "StepInfo",
     "TopK",
     "check_density",

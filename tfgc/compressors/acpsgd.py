@@ -15,6 +15,8 @@ from tfgc.compressors.powersgd import (
     matrix_shape,
     warm_start,
 )
+from tfgc.core.compressor import Compressor, Spec
+from tfgc.core.wire import ALL_REDUCE
 
 FACTORS = ("p", "q")
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -41,7 +43,7 @@ def _orthonormal(factor: tf.Tensor) -> tf.Tensor:
 
 
 @base.register
-class ACPSGD(base.Compressor):
+class ACPSGD(Compressor):
     """Alternate compressed PowerSGD: one all-reduce per step.
 
     Zhang, Zhang, Shi, Chu and Li, "Evaluation and Optimization of Gradient
@@ -78,8 +80,6 @@ class ACPSGD(base.Compressor):
             (`phases()` gives both, in turn).
     """
 
-    collective = base.ALL_REDUCE
-
     def __init__(
         self,
         rank: int = 4,
@@ -102,6 +102,14 @@ class ACPSGD(base.Compressor):
                 f"'p' or 'q'. Received: factor={factor!r}"
             )
         self.factor = factor
+
+    @property
+    def spec(self) -> Spec:
+        return Spec(
+            collectives=(ALL_REDUCE,),
+            warmup_steps=self.warmup_steps,
+            bucket_bytes=self.bucket_bytes,
+        )
 
     def _rank(self, shape):
         return effective_rank(shape, self.rank)

@@ -8,6 +8,7 @@ import keras
 import tensorflow as tf
 
 from tfgc.compressors import base
+from tfgc.core.compressor import Compressor, Spec
 
 
 class ErrorFeedbackState(NamedTuple):
@@ -24,13 +25,8 @@ class _Context(NamedTuple):
     residual: tf.Tensor | None = None
 
 
-def _inner(name: str) -> property:
-    """A read-only attribute taken from the wrapped compressor."""
-    return property(lambda self: getattr(self.compressor, name))
-
-
 @base.register
-class ErrorFeedback(base.Compressor):
+class ErrorFeedback(Compressor):
     """Adds the residual before compressing and keeps what was not sent.
 
     Seide et al. (Interspeech 2014), Stich et al. (NeurIPS 2018),
@@ -48,29 +44,19 @@ class ErrorFeedback(base.Compressor):
     otherwise the steps above run one by one.
     """
 
-    has_error_feedback = True
-
-    def __init__(self, compressor: base.Compressor):
-        if compressor.has_error_feedback:
+    def __init__(self, compressor: Compressor):
+        if compressor.spec.has_error_feedback:
             raise ValueError(
                 "`compressor` already has error feedback; do not wrap it "
                 f"again. Received: compressor={compressor!r}"
             )
         self.compressor = compressor
 
-    # The wrapped compressor decides how its payload travels and is planned.
-    collective = _inner("collective")
-    rounds = _inner("rounds")
-    local_momentum = _inner("local_momentum")
-    warmup_steps = _inner("warmup_steps")
-    wants_cost_probe = _inner("wants_cost_probe")
-    reads_step_info = _inner("reads_step_info")
-    compresses_updates = _inner("compresses_updates")
-    delay = _inner("delay")
-    bucket_bytes = _inner("bucket_bytes")
-
-    def collectives(self):
-        return self.compressor.collectives()
+    @property
+    def spec(self) -> Spec:
+        # The wrapped compressor decides how its payload travels and is
+        # planned; this wrapper adds the residual.
+        return self.compressor.spec._replace(has_error_feedback=True)
 
     def xla_unsupported(self):
         return self.compressor.xla_unsupported()
@@ -94,8 +80,9 @@ class ErrorFeedback(base.Compressor):
         # The state may be kept in another dtype (the variable's); the
         # arithmetic is in the gradient's, as the residual returned is.
         residual = tf.cast(state.residual, x.dtype)
-        reads_info = self.compressor.reads_step_info
-        if self.compressor.rounds == 1 and not reads_info:
+        spec = self.compressor.spec
+        reads_info = spec.reads_step_info
+        if spec.rounds == 1 and not reads_info:
             fused = self.compressor.compress_with_residual(
                 x, residual, state.inner, key
             )

@@ -8,6 +8,8 @@ import tensorflow as tf
 
 from tfgc import _arguments, ops
 from tfgc.compressors import _sparse, base
+from tfgc.core.compressor import NoState, Spec
+from tfgc.core.wire import ALL_REDUCE, BROADCAST, num_elements
 from tfgc.ops.top_k_sample import slice_start_reference
 
 
@@ -25,7 +27,7 @@ class _Context(NamedTuple):
     dtype: tf.DType
     flat: tf.Tensor  # this worker's input, flattened
     indices: tf.Tensor | None  # the root's positions, once known
-    state: base.NoState
+    state: NoState
 
 
 def root_worker(step: tf.Tensor, num_peers: int) -> tf.Tensor:
@@ -66,12 +68,7 @@ class ImportancePruning(base.DensityCompressor):
         epsilon: added to |w| so zero weights do not divide by zero.
     """
 
-    collective = base.ALL_REDUCE
-    rounds = 2
-    reads_step_info = True
-
-    def collectives(self):
-        return (base.BROADCAST, base.ALL_REDUCE)
+    spec = Spec(collectives=(BROADCAST, ALL_REDUCE), reads_step_info=True)
 
     def __init__(self, density: float = 0.01, epsilon: float = 1e-8):
         super().__init__(density)
@@ -107,7 +104,7 @@ class ImportancePruning(base.DensityCompressor):
         return ValuePayload(values), ctx._replace(indices=indices)
 
     def decompress(self, reduced, ctx):
-        n = base.num_elements(ctx.shape)
+        n = num_elements(ctx.shape)
         total = _sparse.scatter_sum(reduced.values, ctx.indices, n, ctx.dtype)
         return tf.reshape(total, ctx.shape), ctx.state
 

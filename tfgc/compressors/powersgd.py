@@ -8,6 +8,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfgc.compressors import base
+from tfgc.core.compressor import Compressor, Spec
+from tfgc.core.wire import ALL_REDUCE, num_elements
 
 
 class FactorPayload(NamedTuple):
@@ -36,7 +38,7 @@ def matrix_shape(shape) -> tuple[int, int]:
     if not len(shape):
         return 1, 1
     cols = int(shape[-1])
-    return base.num_elements(shape) // max(cols, 1), cols
+    return num_elements(shape) // max(cols, 1), cols
 
 
 def compute_dtype(dtype) -> tf.DType:
@@ -79,7 +81,7 @@ def warm_start(q: tf.Tensor, key: tf.Tensor) -> tf.Tensor:
 
 
 @base.register
-class PowerSGD(base.Compressor):
+class PowerSGD(Compressor):
     """Low-rank compression by one step of power iteration per step.
 
     Vogels, Karimireddy and Jaggi, "PowerSGD: Practical Low-Rank Gradient
@@ -110,13 +112,17 @@ class PowerSGD(base.Compressor):
             paper's start step; error feedback and factors wait).
     """
 
-    collective = base.ALL_REDUCE
-    rounds = 2
-
     def __init__(self, rank: int = 4, warmup_steps: int = 0):
         self.rank = base.check_positive_int("rank", rank)
         self.warmup_steps = base.check_positive_int(
             "warmup_steps", warmup_steps, minimum=0
+        )
+
+    @property
+    def spec(self) -> Spec:
+        return Spec(
+            collectives=(ALL_REDUCE, ALL_REDUCE),
+            warmup_steps=self.warmup_steps,
         )
 
     def _rank(self, shape):

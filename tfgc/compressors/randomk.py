@@ -8,10 +8,19 @@ import tensorflow as tf
 
 from tfgc import ops
 from tfgc.compressors import _sparse, base
+from tfgc.core.compressor import NoState, Spec
+from tfgc.core.wire import ALL_REDUCE, num_elements
 
 
 class RandomKPayload(NamedTuple):
     values: tf.Tensor  # [k], the gradient's dtype
+
+
+class RandomKContext(NamedTuple):
+    shape: tf.TensorShape
+    dtype: tf.DType
+    indices: tf.Tensor  # [k] int32: the positions every worker sent
+    state: NoState
 
 
 @base.register
@@ -31,7 +40,7 @@ class RandomK(base.DensityCompressor):
         density: fraction of entries to send, in (0, 1].
     """
 
-    collective = base.ALL_REDUCE
+    spec = Spec(collectives=(ALL_REDUCE,))
 
     def indices(self, n, key):
         """The k positions all workers use for this tensor and step."""
@@ -47,13 +56,12 @@ class RandomK(base.DensityCompressor):
         flat = tf.reshape(x, [-1])
         indices = self.indices(flat.shape[0], key)
         payload = RandomKPayload(tf.gather(flat, indices))
-        return payload, (x.shape, x.dtype, indices, state)
+        return payload, RandomKContext(x.shape, x.dtype, indices, state)
 
     def decompress(self, reduced, ctx):
-        shape, dtype, indices, state = ctx
-        n = base.num_elements(shape)
-        dense = _sparse.scatter_sum(reduced.values, indices, n, dtype)
-        return tf.reshape(dense, shape), state
+        n = num_elements(ctx.shape)
+        dense = _sparse.scatter_sum(reduced.values, ctx.indices, n, ctx.dtype)
+        return tf.reshape(dense, ctx.shape), ctx.state
 
     def local_estimate(self, payload, ctx):
         return self.decompress(payload, ctx)[0]

@@ -8,9 +8,11 @@ import tensorflow as tf
 
 from tfgc import _arguments, ops
 from tfgc.compressors import _sparse, base
-from tfgc.compressors.cost_model import CostModel
-from tfgc.compressors.identity import DensePayload, Identity
-from tfgc.compressors.topk import SparsePayload, TopK
+from tfgc.compressors.dense import DenseContext, DensePayload, Identity
+from tfgc.compressors.topk import SparsePayload
+from tfgc.core.compressor import Network, Spec, TensorContext
+from tfgc.core.cost_model import CostModel
+from tfgc.core.wire import ALL_GATHER, ALL_GATHER_RAGGED, num_elements
 
 SELECTIONS = ("threshold", "trimmed")
 PROBE = "probe"
@@ -82,8 +84,6 @@ class RedSync(base.DensityCompressor):
             compress.
     """
 
-    has_error_feedback = True
-
     def __init__(
         self,
         density: float = 0.001,
@@ -128,10 +128,15 @@ class RedSync(base.DensityCompressor):
         self.cost_model = cost_model
 
     @property
-    def collective(self):
-        if self.selection == "threshold":
-            return base.ALL_GATHER_RAGGED
-        return base.ALL_GATHER
+    def spec(self) -> Spec:
+        threshold = self.selection == "threshold"
+        return Spec(
+            collectives=(ALL_GATHER_RAGGED if threshold else ALL_GATHER,),
+            has_error_feedback=True,
+            local_momentum=self.momentum,
+            warmup_steps=self.warmup_steps,
+            wants_cost_probe=self.cost_model == PROBE,
+        )
 
     def xla_unsupported(self):
         if self.selection == "threshold":
@@ -141,20 +146,12 @@ class RedSync(base.DensityCompressor):
             )
         return None
 
-    @property
-    def local_momentum(self):
-        return self.momentum
-
-    @property
-    def wants_cost_probe(self):
-        return self.cost_model == PROBE
-
     # --- planning ------------------------------------------------------------
 
     def should_compress(self, shape, dtype="float32", network=None):
         if self.cost_model is None:
             return True
-        network = network or base.Network()
+        network = network or Network()
         p = network.num_peers
         if p < 2:
             return False  # nothing to communicate: dense costs nothing
@@ -167,7 +164,7 @@ class RedSync(base.DensityCompressor):
                 "cost_model=tfgc.compressors.CostModel(latency=..., "
                 "bandwidth=...)."
             )
-        n = base.num_elements(shape)
+        n = num_elements(shape)
         dense = cost.dense_time(n * tf.as_dtype(dtype).size, p)
         sparse = cost.sparse_time(n, self.payload_bytes(shape, dtype), p)
         return sparse < dense
@@ -204,11 +201,16 @@ class RedSync(base.DensityCompressor):
             flat_u, indices[:, None], tf.zeros(tf.shape(indices), flat_u.dtype)
         )
         new_state = RedSyncState(tf.reshape(u, x.shape), accumulation)
-        return SparsePayload(values, indices), (x.shape, x.dtype, new_state)
+        payload = SparsePayload(values, indices)
+        return payload, TensorContext(x.shape, x.dtype, new_state)
 
-    # Decompression is TopK's: the sum of every worker's (index, value).
-    decompress = TopK.decompress
-    local_estimate = TopK.local_estimate
+    def decompress(self, reduced, ctx):
+        # The sum of every worker's (index, value) pairs.
+        total = _sparse.dense_total(reduced, ctx.shape, ctx.dtype)
+        return total, ctx.state
+
+    def local_estimate(self, payload, ctx):
+        return _sparse.dense_total(payload, ctx.shape, ctx.dtype)
 
     def payload_bytes(self, shape, dtype):
         # With threshold selection: the bound when a threshold is accepted.
@@ -244,7 +246,7 @@ class MomentumDense(Identity):
     def compress(self, x, state, key):
         del key
         u = _momentum_step(self.momentum, state.momentum, x)
-        return DensePayload(u), MomentumState(u)
+        return DensePayload(u), DenseContext(x.dtype, MomentumState(u))
 
     def get_config(self):
         return {"momentum": self.momentum}
@@ -264,4 +266,5 @@ class RedSyncWarmup(MomentumDense):
         del key
         u = _momentum_step(self.momentum, state.momentum, x)
         sent = u + tf.cast(state.accumulation, x.dtype)
-        return DensePayload(sent), RedSyncState(u, tf.zeros_like(u))
+        new_state = RedSyncState(u, tf.zeros_like(u))
+        return DensePayload(sent), DenseContext(x.dtype, new_state)

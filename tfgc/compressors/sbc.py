@@ -8,6 +8,8 @@ import tensorflow as tf
 
 from tfgc import _arguments, ops
 from tfgc.compressors import _sparse, base
+from tfgc.core.compressor import NoState, Spec
+from tfgc.core.wire import ALL_GATHER_RAGGED, num_elements
 
 
 class SBCPayload(NamedTuple):
@@ -21,7 +23,7 @@ class _Context(NamedTuple):
     dtype: tf.DType
     indices: tf.Tensor  # this worker's positions, increasing
     values: tf.Tensor  # the value sent at each of them
-    state: base.NoState
+    state: NoState
 
 
 def _largest(x: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
@@ -69,9 +71,6 @@ class SBC(base.DensityCompressor):
         binarize: keep one sign with one magnitude (the paper's SBC).
     """
 
-    collective = base.ALL_GATHER_RAGGED
-    compresses_updates = True
-
     def __init__(
         self, density: float = 0.01, delay: int = 1, binarize: bool = True
     ):
@@ -79,8 +78,16 @@ class SBC(base.DensityCompressor):
         self.delay = base.check_positive_int("delay", delay)
         self.binarize = _arguments.check_bool("binarize", binarize)
 
+    @property
+    def spec(self) -> Spec:
+        return Spec(
+            collectives=(ALL_GATHER_RAGGED,),
+            compresses_updates=True,
+            delay=self.delay,
+        )
+
     def _golomb_b(self, shape) -> int:
-        n = base.num_elements(shape)
+        n = num_elements(shape)
         return ops.golomb_optimal_b(self.num_selected(shape), n)
 
     def _select(self, flat, k):
@@ -104,7 +111,7 @@ class SBC(base.DensityCompressor):
     def compress(self, x, state, key):
         del key
         flat = tf.reshape(x, [-1])
-        n = base.num_elements(x.shape)
+        n = num_elements(x.shape)
         indices, values = self._select(flat, self.num_selected(x.shape))
         # The values travel in float32: the local estimate takes them as
         # sent, so that error feedback keeps what float64 rounding lost.
@@ -116,7 +123,7 @@ class SBC(base.DensityCompressor):
         return payload, _Context(x.shape, x.dtype, indices, values, state)
 
     def decompress(self, reduced, ctx):
-        n = base.num_elements(ctx.shape)
+        n = num_elements(ctx.shape)
         b = self._golomb_b(ctx.shape)
         workers = reduced.count.shape[0]
         if workers is None:
@@ -135,7 +142,7 @@ class SBC(base.DensityCompressor):
         return tf.reshape(total, ctx.shape), ctx.state
 
     def local_estimate(self, payload, ctx):
-        n = base.num_elements(ctx.shape)
+        n = num_elements(ctx.shape)
         sent = _sparse.scatter_sum(ctx.values, ctx.indices, n, ctx.dtype)
         return tf.reshape(sent, ctx.shape)
 
@@ -147,7 +154,7 @@ class SBC(base.DensityCompressor):
 
     def payload_bytes(self, shape, dtype):
         del dtype
-        n = base.num_elements(shape)
+        n = num_elements(shape)
         k = self.num_selected(shape)
         coded = ops.golomb_max_encoded_bytes(k, n, self._golomb_b(shape))
         return 8 + coded + (0 if self.binarize else 4 * (k - 1))

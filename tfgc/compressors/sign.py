@@ -10,6 +10,8 @@ import tensorflow as tf
 
 from tfgc import _arguments, ops
 from tfgc.compressors import base
+from tfgc.core.compressor import Compressor, TensorContext
+from tfgc.core.wire import num_elements
 from tfgc.ops.bits import num_words
 
 
@@ -19,7 +21,7 @@ class SignPayload(NamedTuple):
 
 
 @base.register
-class SignSGD(base.Compressor):
+class SignSGD(Compressor):
     """Sends sign(x) at 1 bit per element, plus one scale per tensor.
 
     `scaled=True`: Karimireddy et al., "Error Feedback Fixes SignSGD and
@@ -49,8 +51,6 @@ class SignSGD(base.Compressor):
             scale_i * sign_i (EF-SignSGD); False: majority vote.
     """
 
-    collective = base.ALL_GATHER
-
     def __init__(self, scaled: bool = True):
         self.scaled = _arguments.check_bool("scaled", scaled)
 
@@ -63,33 +63,31 @@ class SignSGD(base.Compressor):
             finite = tf.reduce_all(tf.math.is_finite(flat))
             scale = tf.where(finite, 1.0, np.nan)
         payload = SignPayload(ops.pack_bits(flat >= 0), tf.reshape(scale, [1]))
-        return payload, (x.shape, x.dtype, state)
+        return payload, TensorContext(x.shape, x.dtype, state)
 
     def _signed_sum(self, gathered, shape, dtype):
         """sum_i scale_i * sign_i over the gathered rows, in one pass."""
         total = ops.unpack_bits_sum(
             gathered.bits,
             tf.reshape(gathered.scale, [-1]),
-            base.num_elements(shape),
+            num_elements(shape),
         )
         return tf.reshape(tf.cast(total, dtype), shape)
 
     def decompress(self, reduced, ctx):
-        shape, dtype, state = ctx
-        total = self._signed_sum(reduced, shape, dtype)
+        total = self._signed_sum(reduced, ctx.shape, ctx.dtype)
         if not self.scaled:  # the sum of +-1 (or NaN) votes, exact in fp32
             total = tf.sign(total)
-        return total, state
+        return total, ctx.state
 
     def local_estimate(self, payload, ctx):
         # This worker's own scale * sign: under majority vote its own sign.
-        shape, dtype, _ = ctx
         own = tf.nest.map_structure(lambda t: t[None], payload)
-        return self._signed_sum(own, shape, dtype)
+        return self._signed_sum(own, ctx.shape, ctx.dtype)
 
     def payload_bytes(self, shape, dtype):
         del dtype
-        return 4 * num_words(base.num_elements(shape)) + 4
+        return 4 * num_words(num_elements(shape)) + 4
 
     def get_config(self):
         return {"scaled": self.scaled}

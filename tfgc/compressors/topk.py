@@ -8,6 +8,8 @@ import tensorflow as tf
 
 from tfgc import _arguments, ops
 from tfgc.compressors import _sparse, base
+from tfgc.core.compressor import TensorContext
+from tfgc.core.wire import num_elements
 
 
 class SparsePayload(NamedTuple):
@@ -40,7 +42,6 @@ class TopK(base.DensityCompressor):
             and copies the gradients into one buffer). False: never.
     """
 
-    collective = base.ALL_GATHER
     #: Whether `compress_with_residual` pays off without the compiled ops.
     _fused_without_custom_ops = False
     #: The `tfgc.ops.top_k_sample` mode that `select` runs when compiled,
@@ -67,7 +68,7 @@ class TopK(base.DensityCompressor):
     def compress(self, x, state, key):
         values, indices = self.select(x, self.num_selected(x.shape), key)
         payload = SparsePayload(values, indices)
-        return payload, (x.shape, x.dtype, state)
+        return payload, TensorContext(x.shape, x.dtype, state)
 
     def compress_with_residual(self, x, residual, state, key):
         # The compiled op reads x and the residual once and zeroes what it
@@ -79,7 +80,7 @@ class TopK(base.DensityCompressor):
             x, self.num_selected(x.shape), key, residual=residual
         )
         payload = SparsePayload(values, indices)
-        return payload, (x.shape, x.dtype, state), new_residual
+        return payload, TensorContext(x.shape, x.dtype, state), new_residual
 
     def compress_batch(self, xs, states, keys, residuals=None):
         batch = self.batch_selection
@@ -91,7 +92,7 @@ class TopK(base.DensityCompressor):
             or xs[0].dtype not in base.SELECTION_DTYPES
         ):
             return None
-        sizes = [base.num_elements(x.shape) for x in xs]
+        sizes = [num_elements(x.shape) for x in xs]
         ks = [self.num_selected(x.shape) for x in xs]
         flat = tf.concat([tf.reshape(x, [-1]) for x in xs], 0)
         residual = None
@@ -109,7 +110,7 @@ class TopK(base.DensityCompressor):
         values = tf.split(selection.values, ks)
         indices = tf.split(selection.indices, ks)
         out = [
-            (SparsePayload(v, i), (x.shape, x.dtype, state))
+            (SparsePayload(v, i), TensorContext(x.shape, x.dtype, state))
             for v, i, x, state in zip(values, indices, xs, states)
         ]
         if residual is None:
@@ -121,12 +122,11 @@ class TopK(base.DensityCompressor):
         ]
 
     def decompress(self, reduced, ctx):
-        shape, dtype, state = ctx
-        return _sparse.dense_total(reduced, shape, dtype), state
+        total = _sparse.dense_total(reduced, ctx.shape, ctx.dtype)
+        return total, ctx.state
 
     def local_estimate(self, payload, ctx):
-        shape, dtype, _ = ctx
-        return _sparse.dense_total(payload, shape, dtype)
+        return _sparse.dense_total(payload, ctx.shape, ctx.dtype)
 
     def payload_bytes(self, shape, dtype):
         k = self.num_selected(shape)

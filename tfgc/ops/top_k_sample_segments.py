@@ -25,7 +25,11 @@ import numpy as np
 import tensorflow as tf
 
 from tfgc.ops import _library
-from tfgc.ops.top_k_sample import _as_index, _check_args, top_k_sample_reference
+from tfgc.ops.top_k_sample_reference import (
+    _as_index,
+    _check_args,
+    top_k_sample_reference,
+)
 
 _MAX_SEGMENT = 2**31 - 1  # int32 indices
 

@@ -20,6 +20,8 @@ trackable protocol) that holds the same stacked values.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import tensorflow as tf
 
@@ -123,3 +125,104 @@ def track(owner, entry: ReplicaValues, name: str = "replica_values") -> None:
     build created.
     """
     owner._track_trackable(entry, name=name, overwrite=True)
+
+
+def per_replica(variable) -> bool:
+    """Whether each replica keeps its own value of `variable`."""
+    return getattr(variable, "aggregation", None) == "none"
+
+
+class Saver:
+    """Saves and restores every replica's value of an optimizer's
+    per-replica variables, for Keras saving and `tf.train.Checkpoint`.
+
+    Args:
+        strategy: the distribution strategy the variables live in.
+        variables: returns the optimizer's variables, in saving order.
+        reset: puts the compressor state back to its initial value.
+        name: the optimizer's name, for messages.
+    """
+
+    def __init__(self, strategy, variables, reset, name: str):
+        self._strategy = strategy
+        self._variables = variables
+        self._reset = reset
+        self._name = name
+
+    def per_replica_variables(self) -> list:
+        """The variables each replica keeps its own value of, in order."""
+        return [v for v in self._variables() if per_replica(v)]
+
+    def checkpoint_entry(self) -> ReplicaValues:
+        """The `tf.train.Checkpoint` entry that holds the same values."""
+        return ReplicaValues(
+            self._strategy, self.per_replica_variables, self.restore
+        )
+
+    def save(self, store) -> None:
+        """Writes the variables to a Keras saving `store`: every replica's
+        value of the per-replica ones (compressor states, accumulators,
+        counters), stacked [replicas, ...], the others (the inner
+        optimizer's, the same on every replica) once, as Keras does; and
+        the number of replicas. Under MultiWorkerMirroredStrategy this
+        gathers from every worker: every worker must save at the same
+        step (Keras's `BackupAndRestore` and tfgc's do)."""
+        variables = self._variables()
+        stacked = iter(gather(self._strategy, self.per_replica_variables()))
+        for i, variable in enumerate(variables):
+            store[str(i)] = (
+                next(stacked) if per_replica(variable) else variable.numpy()
+            )
+        store[REPLICAS_KEY] = np.array(self._strategy.num_replicas_in_sync)
+
+    def load(self, store) -> bool:
+        """Reads what `save` wrote, giving each replica its own state back;
+        False for a store written before per-replica saving (one copy for
+        all), which the caller loads as Keras does."""
+        if REPLICAS_KEY not in store:
+            return False
+        variables = self._variables()
+        if len(store.keys()) - 1 != len(variables):
+            raise ValueError(
+                f"The saved optimizer {self._name!r} has "
+                f"{len(store.keys()) - 1} variables and this one "
+                f"{len(variables)}: it was saved with another model, "
+                "compressor, error_feedback or inner optimizer. Build the "
+                "same configuration to load it."
+            )
+        stacked = []
+        for i, variable in enumerate(variables):
+            value = np.asarray(store[str(i)])
+            if per_replica(variable):
+                stacked.append(value)
+            else:
+                variable.assign(value)
+        self.restore(int(np.asarray(store[REPLICAS_KEY])), stacked)
+        return True
+
+    def restore(self, saved: int, stacked) -> None:
+        """Row r of each of `stacked` (saved with `saved` replicas) to
+        replica r. Saved with another number of replicas, the state cannot
+        be divided among the new ones: the first row goes to all (the
+        values every replica shares survive: the inner optimizer's slots,
+        SBC's round start), then the compressor state is reset to its
+        initial value (residuals and accumulators to zero, so what was not
+        yet sent is dropped, as at the start of training), with a
+        warning."""
+        replicas = self._strategy.num_replicas_in_sync
+        if saved != replicas:
+            stacked = [np.repeat(s[:1], replicas, axis=0) for s in stacked]
+        scatter(self._strategy, self.per_replica_variables(), stacked)
+        if saved == replicas:
+            return
+        self._reset()
+        warnings.warn(
+            f"The optimizer {self._name!r} was saved with {saved} replicas "
+            f"and is loaded with {replicas}: each replica's compressor "
+            "state (error-feedback residuals, momenta, low-rank factors, "
+            "accumulated gradients) cannot be divided among a different "
+            "number of replicas, so it starts afresh, as at the start of "
+            "training. Weights, the inner optimizer's state and the step "
+            "are restored.",
+            stacklevel=4,
+        )
