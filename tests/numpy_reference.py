@@ -32,7 +32,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from custom_ops.cuda_harness.numpy_oracle import np_select, np_slice_start
+from custom_ops.cuda_harness.numpy_oracle import (
+    np_golomb_encode,
+    np_select,
+    np_slice_start,
+    optimal_b,
+    round_to_bfloat16,
+)
 
 F32 = np.float32
 #: Bytes of one sparse entry on the wire: a float32 value and an int32 index.
@@ -420,29 +426,6 @@ def hierarchical_mstopk(
 
 # --- SBC: binarized top-k of weight updates over `delay` local steps ---------
 
-_LN_PHI_MINUS_1 = math.log((math.sqrt(5.0) - 1.0) / 2.0)
-
-
-def golomb_b(k: int, n: int) -> int:
-    """SBC's Golomb-Rice parameter b* = 1 + floor(log2(ln(phi - 1) /
-    ln(1 - k/n))), clamped to [0, 31]; 0 for k = 0 or k = n."""
-    if k == 0 or k == n:
-        return 0
-    ratio = _LN_PHI_MINUS_1 / math.log1p(-k / n)
-    return sum(1 for t in range(31) if 2.0**t <= ratio)
-
-
-def golomb_encode(indices, b: int) -> tuple[np.ndarray, int]:
-    """(uint8 stream, number of bits) of increasing indices: gaps from -1,
-    each as gap >> b one bits, a zero bit, then gap's b low bits (most
-    significant first); bit i is bit 7 - i % 8 of byte i // 8."""
-    gaps = np.diff(np.concatenate([[-1], np.asarray(indices, np.int64)])) - 1
-    bits = []
-    for gap in gaps.tolist():
-        bits += [1] * (gap >> b) + [0]
-        bits += [(gap >> (b - 1 - j)) & 1 for j in range(b)]
-    return np.packbits(np.array(bits, np.uint8)), len(bits)
-
 
 def sbc_select(a, k: int, binarize: bool = True):
     """(increasing indices, values sent there) of SBC for the flat update a.
@@ -550,7 +533,7 @@ def sbc(
                     dense = sparse_sum(n, [(vals, idx)])
                     residual[w][i] = (acc - dense).reshape(shape)
                     sent.append(dense.reshape(shape))
-                    stream, bits = golomb_encode(idx, golomb_b(k, n))
+                    stream, bits = np_golomb_encode(idx, optimal_b(k, n))
                     selected[w][i], values[w][i] = idx, vals
                     coded[w][i] = (stream, bits)
                     # The count, the value(s) (binarized: one, none for an
@@ -775,17 +758,11 @@ def to_float16(x) -> np.ndarray:
         return np.asarray(x, F32).astype(np.float16).astype(F32)
 
 
-def to_bfloat16(x) -> np.ndarray:
-    """float32 rounded to the nearest bfloat16 (ties to even; past the
-    largest, inf), as float32: the 16 low bits rounded away. Not for NaN."""
-    x = np.array(x, F32, order="C")
-    bits = x.view(np.uint32).astype(np.uint64)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.astype(np.uint32).view(F32).reshape(x.shape)
-
-
 #: The rounding of each 16-bit wire type, and its unit roundoff.
-CASTS = {"float16": (to_float16, 2.0**-11), "bfloat16": (to_bfloat16, 2.0**-8)}
+CASTS = {
+    "float16": (to_float16, 2.0**-11),
+    "bfloat16": (round_to_bfloat16, 2.0**-8),
+}
 
 
 def cast_sum(arrays, dtype: str) -> np.ndarray:

@@ -1,9 +1,17 @@
-"""numpy oracle of tfgc/ops/top_k_sample_reference.py's specification.
+"""The numpy oracle of tfgc's kernels: one per kernel, here only.
 
-A third implementation of the selection (beside the custom op and the
-pure-TF reference), in numpy only: no TensorFlow import, so that
-run_harness.py can use it on a machine without TensorFlow. The op tests
-(tests/ops/test_ops_top_k_sample.py) use it too.
+A third implementation of each op's specification (beside the compiled
+op and the pure-TF reference in `tfgc/ops/`), in numpy alone: no
+TensorFlow import, so that the CUDA harness (run_harness.py) runs it on a
+GPU machine without TensorFlow. The op tests, the harness and the
+compressors' numpy references (tests/numpy_reference.py) all use it:
+
+* selection (`np_select`, `np_selector`; tfgc/ops/top_k_sample_reference.py),
+* Golomb-Rice coding (`np_golomb_encode`, `np_golomb_decode`,
+  `optimal_b`; tfgc/ops/golomb_reference.py),
+* ScatterAddSum (`np_scatter_add_sum`; tfgc/ops/scatter.py),
+* the 16-bit float conversions the kernels use (`to_bfloat16`,
+  `round_to_bfloat16`, `to_dtype`, `as_float32`, `flush_subnormals`).
 """
 
 from __future__ import annotations
@@ -151,3 +159,121 @@ def np_select_segments(x, segments, mode, rounds=20) -> list[np.ndarray]:
         np_select(x[off : off + n], k, mode, rounds=rounds, seed=seed)
         for off, n, k, seed in rows
     ]
+
+
+def to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), nearest even; NaN 0x7fff."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(x), np.uint16(0x7FFF), rounded)
+
+
+def from_bfloat16(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values in the device's representation of `dtype`."""
+    if dtype == "bfloat16":
+        return to_bfloat16(x)
+    with np.errstate(over="ignore"):  # to inf, as on the device
+        return x.astype(dtype)
+
+
+def as_float32(a: np.ndarray, dtype: str) -> np.ndarray:
+    return from_bfloat16(a) if dtype == "bfloat16" else a.astype(np.float32)
+
+
+def flush_subnormals(x: np.ndarray) -> np.ndarray:
+    """float32 subnormals as zeros of their sign (FTZ and DAZ)."""
+    tiny = np.abs(x) < np.finfo(np.float32).tiny
+    return np.where(tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
+
+
+def round_to_bfloat16(x) -> np.ndarray:
+    """float32 rounded to the nearest bfloat16 (ties to even; past the
+    largest, inf), as float32 values."""
+    x = np.asarray(x, np.float32)
+    return from_bfloat16(to_bfloat16(x)).reshape(x.shape)
+
+
+def np_golomb_encode(indices: np.ndarray, b: int) -> tuple[np.ndarray, int]:
+    """The format of golomb_kernels.h in numpy: (bytes, num_bits)."""
+    idx = np.asarray(indices, np.int64)
+    gaps = (np.diff(idx, prepend=-1) - 1).astype(np.uint64)
+    q = (gaps >> np.uint64(b)).astype(np.int64)
+    lens = q + 1 + b
+    starts = np.cumsum(lens) - lens
+    total = int(lens.sum())
+    bits = np.zeros(total, np.uint8)
+    # q one bits from each code's start.
+    run = np.arange(int(q.sum())) - np.repeat(np.cumsum(q) - q, q)
+    bits[np.repeat(starts, q) + run] = 1
+    for t in range(b):  # the remainder, most significant bit first
+        bits[starts + q + 1 + t] = (gaps >> np.uint64(b - 1 - t)) & 1
+    return np.packbits(bits), total
+
+
+def np_golomb_decode(data: np.ndarray, k: int, b: int, limit: int):
+    """The CPU kernel's decoding: (positions, (error kind, code, value))
+    with the kinds of gpu::GolombDecodeError (0 none, 1 truncated, 2 unary
+    part above limit >> b, 3 position >= limit)."""
+    bits = np.unpackbits(np.asarray(data, np.uint8))
+    zeros = np.flatnonzero(bits == 0)
+    num_bits, max_q = bits.size, limit >> b
+    out, pos, prev = [], 0, -1
+    for j in range(k):
+        z = np.searchsorted(zeros, pos)
+        end = int(zeros[z]) if z < zeros.size else num_bits
+        q = end - pos
+        if end + 1 + b > num_bits:
+            return np.array(out, np.int32), (1, j, 0)
+        r = 0
+        for t in range(b):
+            r = (r << 1) | int(bits[end + 1 + t])
+        pos = end + 1 + b
+        if q > max_q:  # the CPU kernel names a lower bound
+            low = prev + 1 + (min(q, max_q + 1) << b)
+            return np.array(out, np.int32), (2, j, low)
+        p = prev + 1 + ((q << b) | r)
+        if p >= limit:
+            return np.array(out, np.int32), (3, j, p)
+        out.append(p)
+        prev = p
+    return np.array(out, np.int32), (0, 0, 0)
+
+
+def optimal_b(k: int, n: int) -> int:
+    """SBC's b* (tfgc.ops.golomb.golomb_optimal_b, without TensorFlow)."""
+    if k == 0 or k >= n:
+        return 0
+    phi = (1 + 5**0.5) / 2
+    ratio = np.log(phi - 1) / np.log1p(-k / n)
+    return int(min(31, max(0, 1 + np.floor(np.log2(ratio)))))
+
+
+def np_scatter_add_sum(values, indices, n: int, dtype: str) -> np.ndarray:
+    """The numpy oracle of ScatterAddSum, in `dtype`'s representation.
+
+    Each element is the float32 sum of its values in input order, from +0
+    and left to right, with every addend and partial sum flushed to zero
+    when subnormal (TensorFlow's CPU threads run with FTZ and DAZ, and the
+    CUDA kernel flushes to give the CPU kernel's bits), rounded once to
+    `dtype`. The runs of a stable sort by index are added up one rank at a
+    time, all elements at once.
+    """
+    out = np.zeros(n, np.float32)
+    if indices.size == 0:
+        return to_dtype(out, dtype)
+    x = flush_subnormals(as_float32(values, dtype))
+    order = np.argsort(indices, kind="stable")
+    idx, x = indices[order], x[order]
+    heads = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
+    lengths = np.diff(np.r_[heads, idx.size])
+    sums = np.zeros(heads.size, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):  # inf, inf - inf
+        for rank in range(int(lengths.max(initial=0))):
+            live = lengths > rank
+            sums[live] = flush_subnormals(sums[live] + x[heads[live] + rank])
+    out[idx[heads]] = sums
+    return to_dtype(out, dtype)

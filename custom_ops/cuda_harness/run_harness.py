@@ -60,8 +60,16 @@ EMULATED_DEVICES = (
 sys.path.insert(0, ROOT)
 from custom_ops import build as ops_build  # noqa: E402
 from custom_ops.cuda_harness.numpy_oracle import (  # noqa: E402
+    as_float32,
+    flush_subnormals,
+    from_bfloat16,
+    np_golomb_decode,
+    np_golomb_encode,
+    np_scatter_add_sum,
     np_select_segments,
     np_selector,
+    optimal_b,
+    to_dtype,
 )
 
 
@@ -181,35 +189,6 @@ class Tally:
 
     def result(self) -> CheckResult:
         return CheckResult(self.cases, self.failures, self.skipped_inputs)
-
-
-def to_bfloat16(x: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), nearest even; NaN 0x7fff."""
-    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-    return np.where(np.isnan(x), np.uint16(0x7FFF), rounded)
-
-
-def from_bfloat16(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 values in the device's representation of `dtype`."""
-    if dtype == "bfloat16":
-        return to_bfloat16(x)
-    with np.errstate(over="ignore"):  # to inf, as on the device
-        return x.astype(dtype)
-
-
-def as_float32(a: np.ndarray, dtype: str) -> np.ndarray:
-    return from_bfloat16(a) if dtype == "bfloat16" else a.astype(np.float32)
-
-
-def flush_subnormals(x: np.ndarray) -> np.ndarray:
-    """float32 subnormals as zeros of their sign (FTZ and DAZ)."""
-    tiny = np.abs(x) < np.finfo(np.float32).tiny
-    return np.where(tiny, np.copysign(np.float32(0), x), x).astype(np.float32)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -491,61 +470,6 @@ class Harness:
         out = self.to_host(d_o, [k], np.int32)
         self.free(d_e, d_o, d_s)
         return out, tuple(int(v) for v in error)
-
-
-def np_golomb_encode(indices: np.ndarray, b: int) -> tuple[np.ndarray, int]:
-    """The format of golomb_kernels.h in numpy: (bytes, num_bits)."""
-    idx = np.asarray(indices, np.int64)
-    gaps = (np.diff(idx, prepend=-1) - 1).astype(np.uint64)
-    q = (gaps >> np.uint64(b)).astype(np.int64)
-    lens = q + 1 + b
-    starts = np.cumsum(lens) - lens
-    total = int(lens.sum())
-    bits = np.zeros(total, np.uint8)
-    # q one bits from each code's start.
-    run = np.arange(int(q.sum())) - np.repeat(np.cumsum(q) - q, q)
-    bits[np.repeat(starts, q) + run] = 1
-    for t in range(b):  # the remainder, most significant bit first
-        bits[starts + q + 1 + t] = (gaps >> np.uint64(b - 1 - t)) & 1
-    return np.packbits(bits), total
-
-
-def np_golomb_decode(data: np.ndarray, k: int, b: int, limit: int):
-    """The CPU kernel's decoding: (positions, (error kind, code, value))
-    with the kinds of gpu::GolombDecodeError (0 none, 1 truncated, 2 unary
-    part above limit >> b, 3 position >= limit)."""
-    bits = np.unpackbits(np.asarray(data, np.uint8))
-    zeros = np.flatnonzero(bits == 0)
-    num_bits, max_q = bits.size, limit >> b
-    out, pos, prev = [], 0, -1
-    for j in range(k):
-        z = np.searchsorted(zeros, pos)
-        end = int(zeros[z]) if z < zeros.size else num_bits
-        q = end - pos
-        if end + 1 + b > num_bits:
-            return np.array(out, np.int32), (1, j, 0)
-        r = 0
-        for t in range(b):
-            r = (r << 1) | int(bits[end + 1 + t])
-        pos = end + 1 + b
-        if q > max_q:  # the CPU kernel names a lower bound
-            low = prev + 1 + (min(q, max_q + 1) << b)
-            return np.array(out, np.int32), (2, j, low)
-        p = prev + 1 + ((q << b) | r)
-        if p >= limit:
-            return np.array(out, np.int32), (3, j, p)
-        out.append(p)
-        prev = p
-    return np.array(out, np.int32), (0, 0, 0)
-
-
-def optimal_b(k: int, n: int) -> int:
-    """SBC's b* (tfgc.ops.golomb.golomb_optimal_b, without TensorFlow)."""
-    if k == 0 or k >= n:
-        return 0
-    phi = (1 + 5**0.5) / 2
-    ratio = np.log(phi - 1) / np.log1p(-k / n)
-    return int(min(31, max(0, 1 + np.floor(np.log2(ratio)))))
 
 
 def first_bad(idx: np.ndarray, n: int) -> int:
@@ -1115,33 +1039,6 @@ def check_bits(h: Harness, sizes, setup, report: Tally) -> None:
             if dtype == "float16":
                 got = got.view(np.float16)
             report(same_bits(got, want), f"unpack_bits_vote {p=} {n=} {dtype}")
-
-
-def np_scatter_add_sum(values, indices, n: int, dtype: str) -> np.ndarray:
-    """The numpy oracle of ScatterAddSum, in `dtype`'s representation.
-
-    Each element is the float32 sum of its values in input order, from +0
-    and left to right, with every addend and partial sum flushed to zero
-    when subnormal (TensorFlow's CPU threads run with FTZ and DAZ, and the
-    CUDA kernel flushes to give the CPU kernel's bits), rounded once to
-    `dtype`. The runs of a stable sort by index are added up one rank at a
-    time, all elements at once.
-    """
-    out = np.zeros(n, np.float32)
-    if indices.size == 0:
-        return to_dtype(out, dtype)
-    x = flush_subnormals(as_float32(values, dtype))
-    order = np.argsort(indices, kind="stable")
-    idx, x = indices[order], x[order]
-    heads = np.flatnonzero(np.r_[True, idx[1:] != idx[:-1]])
-    lengths = np.diff(np.r_[heads, idx.size])
-    sums = np.zeros(heads.size, np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):  # inf, inf - inf
-        for rank in range(int(lengths.max(initial=0))):
-            live = lengths > rank
-            sums[live] = flush_subnormals(sums[live] + x[heads[live] + rank])
-    out[idx[heads]] = sums
-    return to_dtype(out, dtype)
 
 
 def scatter_matches(got, values, indices, n: int, dtype: str) -> bool:

@@ -1,6 +1,7 @@
 """Tests of tfgc.ops Golomb-Rice position coding.
 
-Custom op vs pure-TF reference vs a plain-Python oracle of the format in
+Custom op vs pure-TF reference vs the numpy oracle
+(custom_ops/cuda_harness/numpy_oracle.py) of the format in
 tfgc/ops/golomb_reference.py.
 """
 
@@ -13,39 +14,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tfgc.ops
+from custom_ops.cuda_harness.numpy_oracle import (
+    np_golomb_decode,
+    np_golomb_encode,
+)
 from tfgc.ops import golomb
 
 
 def py_encode(indices, b: int) -> tuple[bytes, int]:
-    """Oracle: gaps from -1, q ones + 0 + b-bit remainder, MSB first."""
-    out = []
-    prev = -1
-    for i in indices:
-        gap = int(i) - prev - 1
-        prev = int(i)
-        out.append("1" * (gap >> b) + "0")
-        if b:
-            out.append(format(gap & ((1 << b) - 1), f"0{b}b"))
-    bits = "".join(out)
-    padded = bits + "0" * (-len(bits) % 8)
-    data = bytes(int(padded[i : i + 8], 2) for i in range(0, len(padded), 8))
-    return data, len(bits)
+    """The numpy oracle's stream as bytes, and its number of bits."""
+    data, bits = np_golomb_encode(np.asarray(indices, np.int64), b)
+    return data.tobytes(), bits
 
 
 def py_decode(data: bytes, k: int, b: int) -> list[int]:
-    bits = "".join(format(x, "08b") for x in data)
-    pos, prev, out = 0, -1, []
-    for _ in range(k):
-        q = 0
-        while bits[pos] == "1":
-            q += 1
-            pos += 1
-        pos += 1
-        r = int(bits[pos : pos + b], 2) if b else 0
-        pos += b
-        prev = prev + 1 + (q << b) + r
-        out.append(prev)
-    return out
+    """The numpy oracle's k positions of a valid stream."""
+    out, error = np_golomb_decode(np.frombuffer(data, np.uint8), k, b, 2**31)
+    assert error == (0, 0, 0), error
+    return out.tolist()
 
 
 def sample(n: int, k: int, seed: int, dtype=np.int32) -> np.ndarray:
