@@ -1,18 +1,21 @@
-"""The absl flags every main shares, and reading them once into a config.
+"""The absl flags every main shares, reading them once into a config, and
+`run`, which runs a main.
 
 A main calls `define_common_flags()` at import time, defines its own flags,
-and in `main()` calls `common_config_from_flags()` exactly once. Nothing
-outside the mains reads `FLAGS`.
+in `main()` calls `common_config_from_flags()` exactly once, and starts
+with `run(main)`. Nothing outside the mains reads `FLAGS`.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from absl import app, flags
 
 import tfgc
+from models.common import cluster
 from models.common.config import (
     ALL_REDUCE_ALGS,
     CLUSTER_RESOLVERS,
@@ -181,6 +184,12 @@ def define_common_flags() -> None:
         "Keras dtype policy: float32, or compute in bfloat16 / float16 "
         "with float32 variables (mixed_float16 adds dynamic loss scaling).",
     )
+    flags.DEFINE_float(
+        "startup_timeout",
+        300.0,
+        "Seconds a worker waits for the other tasks of its cluster to "
+        "start (and, at the end, to finish) before it fails naming them.",
+    )
 
 
 def common_config_from_flags(
@@ -221,6 +230,7 @@ def common_config_from_flags(
         data_dir=f.data_dir,
         seed=f.seed,
         precision=f.precision,
+        startup_timeout=f.startup_timeout,
     )
 
 
@@ -239,3 +249,23 @@ def config_for_main(
         return config_from_flags()
     except ValueError as err:
         raise app.UsageError(str(err)) from err
+
+
+def run(main: Callable[[list[str]], None]) -> NoReturn:
+    """Runs a main as `absl.app.run(main)` does, then leaves the cluster.
+
+    Ends a multi-worker run with `cluster.finish_run()` after `main`, so
+    that the workers leave together and the exit code says whether every
+    worker finished. A worker that cannot join its cluster or finish with
+    it prints what went wrong, without a traceback, and exits with code 1.
+    """
+
+    def checked(argv: list[str]) -> None:
+        try:
+            main(argv)
+            cluster.finish_run()
+        except cluster.ClusterError as err:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            sys.exit(1)
+
+    app.run(checked)

@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 import keras
-from absl import app, flags
+from absl import flags
 
 import tfgc  # noqa: F401  (fixes Keras model.fit under multi-worker)
 from models.common import distribution, training
@@ -228,4 +228,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common_flags.run(main)

@@ -24,7 +24,7 @@ from typing import Any
 
 import keras
 import tensorflow as tf
-from absl import app, flags
+from absl import flags
 
 import tfgc  # noqa: F401  (fixes Keras model.fit under multi-worker)
 from models.common import distribution, training
@@ -309,4 +309,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common_flags.run(main)

@@ -289,6 +289,17 @@ def test_command_line_error_exits_before_training(tmp_path):
     assert not model_dir.exists()
 
 
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), "300", True])
+def test_startup_timeout_must_be_positive_seconds(value):
+    with pytest.raises(ValueError, match="`--startup_timeout` must be a"):
+        CommonConfig(
+            model_dir="/tmp/x",
+            use_synthetic_data=True,
+            train_steps=1,
+            startup_timeout=value,
+        )
+
+
 def test_config_is_frozen_and_reports_kwargs():
     config = CommonConfig(
         model_dir="/tmp/x",
