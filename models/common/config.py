@@ -97,6 +97,8 @@ class CommonConfig:
         startup_timeout: seconds a worker waits for the other tasks of its
             cluster to start (and, at the end, to finish) before it fails
             naming them.
+        verbose: TensorFlow's INFO logs and every worker's log lines, not
+            just the chief's progress and warnings.
     """
 
     model_dir: str
@@ -128,6 +130,7 @@ class CommonConfig:
     seed: int = 0
     precision: str = "float32"
     startup_timeout: float = 300.0
+    verbose: bool = False
 
     def __post_init__(self):
         if not self.model_dir:

@@ -14,6 +14,12 @@ worker reads its own shard of the windows.
 
 from __future__ import annotations
 
+from tfgc import quiet
+
+# First: TensorFlow's C++ logs at warning level, its start-up notices
+# dropped (they ignore the level).
+quiet.import_tensorflow()
+
 import dataclasses
 import math
 from typing import Any

@@ -18,6 +18,12 @@ then steps of 10x at 1/3, 2/3 and 8/9 of training (epochs 30, 60, 80 of
 
 from __future__ import annotations
 
+from tfgc import quiet
+
+# First: TensorFlow's C++ logs at warning level, its start-up notices
+# dropped (they ignore the level).
+quiet.import_tensorflow()
+
 import dataclasses
 import math
 from typing import Any

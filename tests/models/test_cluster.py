@@ -4,6 +4,7 @@ worker outlives the leader or is left behind as crashed."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -100,3 +101,64 @@ def test_workers_leaving_unordered_log_errors():
     code, log = launch_worker_script("cluster_worker.py", 2, ["no_finish"])
     assert code == 0, log[-5000:]
     assert "The tasks have crashed" in log, log[-5000:]
+
+
+def _launch_main(model_dir: Path, *flags: str) -> tuple[int, str]:
+    """A short 2-worker LSTM run through the launcher, with nothing of the
+    launcher's own filtering (`verbose=True`), so that what shows is what
+    the main prints; TF_CPP_MIN_LOG_LEVEL is left to the main too."""
+    out = io.StringIO()
+    code = launch.run(
+        [
+            sys.executable,
+            "-m",
+            "models.lstm_lm.main",
+            "--use_synthetic_data",
+            f"--model_dir={model_dir}",
+            "--train_steps=4",
+            "--log_steps=2",
+            "--batch_size=2",
+            "--skip_eval",
+            *flags,
+        ],
+        2,
+        timeout=300,
+        env={"PYTHONPATH": str(REPO)},
+        cwd=str(REPO),
+        output=out,
+        verbose=True,
+    )
+    return code, out.getvalue()
+
+
+def test_two_worker_run_of_a_main_is_quiet(tmp_path, monkeypatch):
+    """The chief's progress, once: no line twice, no TensorFlow INFO
+    lines or start-up banners, nothing from worker 1, no shutdown
+    errors. It printed 97 lines for 40 steps, most of them twice."""
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    code, log = _launch_main(tmp_path / "model")
+    assert code == 0, log
+    lines = log.splitlines()
+    assert len(lines) == len(set(lines)), log
+    for noise in (
+        "INFO:tensorflow",
+        "oneDNN",
+        "absl::InitializeLog",
+        "Using CollectiveAllReduceStrategy eagerly",
+        *_SHUTDOWN_ERRORS,
+    ):
+        assert noise not in log, log
+    assert not [line for line in lines if line.startswith("[worker 1]")], log
+    assert "step 2: " in log and "step 4: " in log
+    assert len(lines) <= 10, log
+
+
+def test_verbose_main_shows_every_worker_once(tmp_path, monkeypatch):
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    code, log = _launch_main(tmp_path / "model", "--verbose")
+    assert code == 0, log
+    # TensorFlow's INFO lines, through absl's handler only (not twice).
+    assert "MultiWorkerMirroredStrategy with cluster_spec" in log, log
+    assert "INFO:tensorflow" not in log, log
+    for index in range(2):
+        assert f"[worker {index}] " in log and "step 4: " in log
