@@ -6,12 +6,25 @@ MultiWorkerMirroredStrategy, once per compressor, and prints the training
 loss and the bytes each worker sends per step.
 
     python -m tfgc.launch -n 2 -- python -m examples.digits_demo
+
+The workers start and leave together as the training mains' do
+(`models.common.cluster`): a worker whose peers never start gives up after
+`--startup_timeout` seconds, and at the end every worker waits for the
+others, so that the run ends without errors and its exit code says
+whether all finished.
 """
 
 from __future__ import annotations
 
+from tfgc import quiet
+
+# First: TensorFlow's C++ logs at warning level, its start-up notices
+# dropped (they ignore the level).
+quiet.import_tensorflow()
+
 import argparse
 import os
+import sys
 import time
 
 import keras
@@ -19,6 +32,7 @@ import tensorflow as tf
 from sklearn.datasets import load_digits
 
 import tfgc
+from models.common import cluster
 
 RUNS = {
     "dense (identity)": lambda: tfgc.compressors.Identity(),
@@ -72,6 +86,7 @@ def train(strategy, compressor, args):
         steps_per_epoch=steps,
         verbose=2 if args.verbose else 0,
         callbacks=[tfgc.callbacks.CompressionStats()],
+        shuffle=False,  # the dataset shuffles itself
     )
     seconds = time.perf_counter() - start
     h = history.history
@@ -92,10 +107,18 @@ def main():
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--out", default="runs/digits_demo.md")
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument(
+        "--startup_timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for the other workers to start",
+    )
     args = parser.parse_args()
 
     if "TF_CONFIG" in os.environ:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+        strategy = cluster.multi_worker_strategy(
+            startup_timeout=args.startup_timeout
+        )
         chief = strategy.cluster_resolver.task_id == 0
     else:
         strategy, chief = tf.distribute.get_strategy(), True
@@ -108,8 +131,13 @@ def main():
             losses = " ".join(f"{v:.3f}" for v in r["loss"])
             print(f"{name:>18}: loss per epoch {losses}", flush=True)
 
-    if not chief:
-        return
+    if chief:
+        write_table(results, p, args)
+    cluster.finish_run()
+
+
+def write_table(results: dict, p: int, args: argparse.Namespace) -> None:
+    """Prints the results as a Markdown table and writes it to `args.out`."""
     lines = [
         f"Digits MLP, {p} worker(s), {args.epochs} epochs, batch "
         f"{args.batch_size} per worker, SGD(0.05, momentum 0.9).",
@@ -133,4 +161,7 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except cluster.ClusterError as err:
+        sys.exit(f"error: {err}")

@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export TF_CPP_MIN_LOG_LEVEL=2 PYTHONWARNINGS=ignore
+# The launcher keeps TensorFlow's logs at warning level (--verbose: all).
 exec .venv/bin/python -m tfgc.launch -n 2 -- \
   .venv/bin/python -m examples.digits_demo "$@"

@@ -94,6 +94,11 @@ class CommonConfig:
         seed: random seed for weights, data order and compressors.
         precision: the Keras dtype policy of the model, one of
             `PRECISIONS`; "mixed_float16" trains with dynamic loss scaling.
+        startup_timeout: seconds a worker waits for the other tasks of its
+            cluster to start (and, at the end, to finish) before it fails
+            naming them.
+        verbose: TensorFlow's INFO logs and every worker's log lines, not
+            just the chief's progress and warnings.
     """
 
     model_dir: str
@@ -124,6 +129,8 @@ class CommonConfig:
     data_dir: str | None = None
     seed: int = 0
     precision: str = "float32"
+    startup_timeout: float = 300.0
+    verbose: bool = False
 
     def __post_init__(self):
         if not self.model_dir:
@@ -190,6 +197,16 @@ class CommonConfig:
             raise ValueError(
                 "`--min_compress_size` must be an integer >= 0. Received: "
                 f"min_compress_size={self.min_compress_size!r}"
+            )
+        if (
+            isinstance(self.startup_timeout, bool)
+            or not isinstance(self.startup_timeout, int | float)
+            or not 0 < self.startup_timeout < float("inf")
+        ):
+            raise ValueError(
+                "`--startup_timeout` must be a number of seconds > 0, e.g. "
+                "--startup_timeout=300. Received: "
+                f"startup_timeout={self.startup_timeout!r}"
             )
         if self.learning_rate is not None and not self.learning_rate > 0:
             raise ValueError(

@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from models.common import cluster as cluster_lib
+from models.common import logs
 from models.common.config import CommonConfig
 
 _Implementation = tf.distribute.experimental.CommunicationImplementation
@@ -58,8 +60,14 @@ def slurm_cluster_resolver(
 def make_strategy(config: CommonConfig) -> tf.distribute.Strategy:
     """Builds the strategy `--distribution_strategy` names.
 
+    A multi-worker strategy waits at most `--startup_timeout` seconds for
+    every task of the cluster to start. Without `--verbose`, the workers
+    other than the chief log warnings and errors only.
+
     Raises:
         ValueError: `--all_reduce_alg=nccl` without a GPU.
+        cluster_lib.ClusterError: tasks of the cluster did not start in time
+            (it names them).
     """
     resolver = None
     if config.cluster_resolver == "slurm":
@@ -88,10 +96,12 @@ def make_strategy(config: CommonConfig) -> tf.distribute.Strategy:
             # MirroredStrategy has no ring; reduce on one device instead.
             cross_device_ops = tf.distribute.ReductionToOneDevice()
         return tf.distribute.MirroredStrategy(cross_device_ops=cross_device_ops)
-    return tf.distribute.MultiWorkerMirroredStrategy(
-        cluster_resolver=resolver,
-        communication_options=communication_options(config),
+    strategy = cluster_lib.multi_worker_strategy(
+        resolver, config.startup_timeout, communication_options(config)
     )
+    if not config.verbose and not is_chief(strategy):
+        logs.show_warnings_only()
+    return strategy
 
 
 def task_info(strategy: tf.distribute.Strategy) -> tuple[str | None, int]:

@@ -1,18 +1,21 @@
-"""The absl flags every main shares, and reading them once into a config.
+"""The absl flags every main shares, reading them once into a config, and
+`run`, which runs a main.
 
 A main calls `define_common_flags()` at import time, defines its own flags,
-and in `main()` calls `common_config_from_flags()` exactly once. Nothing
-outside the mains reads `FLAGS`.
+in `main()` calls `common_config_from_flags()` exactly once, and starts
+with `run(main)`. Nothing outside the mains reads `FLAGS`.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from absl import app, flags
 
 import tfgc
+from models.common import cluster, logs
 from models.common.config import (
     ALL_REDUCE_ALGS,
     CLUSTER_RESOLVERS,
@@ -181,6 +184,18 @@ def define_common_flags() -> None:
         "Keras dtype policy: float32, or compute in bfloat16 / float16 "
         "with float32 variables (mixed_float16 adds dynamic loss scaling).",
     )
+    flags.DEFINE_float(
+        "startup_timeout",
+        300.0,
+        "Seconds a worker waits for the other tasks of its cluster to "
+        "start (and, at the end, to finish) before it fails naming them.",
+    )
+    flags.DEFINE_bool(
+        "verbose",
+        False,
+        "Show TensorFlow's INFO logs and every worker's log lines, not just "
+        "the chief's progress and warnings.",
+    )
 
 
 def common_config_from_flags(
@@ -221,6 +236,8 @@ def common_config_from_flags(
         data_dir=f.data_dir,
         seed=f.seed,
         precision=f.precision,
+        startup_timeout=f.startup_timeout,
+        verbose=f.verbose,
     )
 
 
@@ -239,3 +256,52 @@ def config_for_main(
         return config_from_flags()
     except ValueError as err:
         raise app.UsageError(str(err)) from err
+
+
+def _program() -> str:
+    """How the running main was started, e.g. `python -m models.x.main`."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        return f"python -m {spec.name}"
+    return f"python {sys.argv[0]}"
+
+
+def _fail(message: str, see_help: bool = True) -> NoReturn:
+    """Ends the process with `message` first (exit code 1)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    if see_help:
+        print(f"see {_program()} --help", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def _parse(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with its error in one line (no usage)."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as err:
+        _fail(str(err))
+
+
+def run(main: Callable[[list[str]], None]) -> NoReturn:
+    """Runs a main as `absl.app.run(main)` does, errors first.
+
+    Sets up logging (`logs.configure`, `--verbose`) before `main` and ends
+    a multi-worker run with `cluster.finish_run()` after it, so that
+    the workers leave together and the exit code says whether every worker
+    finished. A flag that does not parse, or a value the config refuses
+    (`app.UsageError`), prints one line naming the flag and the fix, then
+    where the usage is (`--help`); a worker that cannot join its cluster
+    or finish with it prints what went wrong. Both exit with code 1.
+    """
+
+    def checked(argv: list[str]) -> None:
+        logs.configure(verbose=flags.FLAGS.verbose)
+        try:
+            main(argv)
+            cluster.finish_run()
+        except app.UsageError as err:
+            _fail(str(err))
+        except cluster.ClusterError as err:
+            _fail(str(err), see_help=False)
+
+    app.run(checked, flags_parser=_parse)

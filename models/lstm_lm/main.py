@@ -14,12 +14,18 @@ worker reads its own shard of the windows.
 
 from __future__ import annotations
 
+from tfgc import quiet
+
+# First: TensorFlow's C++ logs at warning level, its start-up notices
+# dropped (they ignore the level).
+quiet.import_tensorflow()
+
 import dataclasses
 import math
 from typing import Any
 
 import keras
-from absl import app, flags
+from absl import flags
 
 import tfgc  # noqa: F401  (fixes Keras model.fit under multi-worker)
 from models.common import distribution, training
@@ -228,4 +234,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common_flags.run(main)

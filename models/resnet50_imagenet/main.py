@@ -18,13 +18,19 @@ then steps of 10x at 1/3, 2/3 and 8/9 of training (epochs 30, 60, 80 of
 
 from __future__ import annotations
 
+from tfgc import quiet
+
+# First: TensorFlow's C++ logs at warning level, its start-up notices
+# dropped (they ignore the level).
+quiet.import_tensorflow()
+
 import dataclasses
 import math
 from typing import Any
 
 import keras
 import tensorflow as tf
-from absl import app, flags
+from absl import flags
 
 import tfgc  # noqa: F401  (fixes Keras model.fit under multi-worker)
 from models.common import distribution, training
@@ -309,4 +315,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    common_flags.run(main)

@@ -265,8 +265,30 @@ def test_resnet_data_dir_without_dataset(tmp_path):
     assert "'imagenet2012'" in str(err.value)
 
 
-def test_command_line_error_exits_before_training(tmp_path):
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        # Refused by the config.
+        (
+            "--density=0.01",
+            "error: `--density` applies only to --compressor in ['topk', "
+            "'randomk', 'mstopk', 'redsync', 'sbc', 'importance']. Received: "
+            "compressor='powersgd', density=0.01. Drop --density, or use one "
+            "of those compressors.",
+        ),
+        # Refused by absl's parser.
+        (
+            "--densty=0.01",
+            "error: Unknown command line flag 'densty'. Did you mean: "
+            "density ?",
+        ),
+    ],
+)
+def test_command_line_error_comes_first_in_one_line(tmp_path, flag, message):
+    """The error and where the usage is, nothing else: absl printed the
+    module docstring and the flags before the error."""
     model_dir = tmp_path / "model"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     proc = subprocess.run(
         [
             sys.executable,
@@ -276,17 +298,32 @@ def test_command_line_error_exits_before_training(tmp_path):
             "--use_synthetic_data",
             "--train_steps=2",
             "--compressor=powersgd",
-            "--density=0.01",
+            flag,
         ],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        env={**env, "PYTHONPATH": REPO},
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert proc.returncode == 1
-    assert "`--density` applies only to --compressor in" in proc.stderr
+    assert proc.stderr.splitlines() == [
+        message,
+        "see python -m models.lstm_lm.main --help",
+    ], proc.stderr
+    assert proc.stdout == ""
     assert not model_dir.exists()
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), "300", True])
+def test_startup_timeout_must_be_positive_seconds(value):
+    with pytest.raises(ValueError, match="`--startup_timeout` must be a"):
+        CommonConfig(
+            model_dir="/tmp/x",
+            use_synthetic_data=True,
+            train_steps=1,
+            startup_timeout=value,
+        )
 
 
 def test_config_is_frozen_and_reports_kwargs():
