@@ -4,8 +4,8 @@
 // ctypes (run_harness.py): the same kernel source the TF op uses, built by
 // nvcc alone, so the kernels can be checked and timed on a GPU machine that
 // has no TensorFlow. Every function returns a cudaError_t value (0 = ok).
-// Compiled as C++ with -DTFGC_CUDA_EMULATION, the same API runs the kernels
-// on the CPU emulation of cuda_emulation.h (run_harness.py --emulate).
+// Compiled as C++ with cuda_emulation.h force-included, the same API runs
+// the kernels on the CPU emulation (run_harness.py --emulate).
 
 #include <cstdint>
 #include <vector>
