@@ -673,10 +673,12 @@ def check_glue(verbose: bool = False) -> tuple[list[str], CudaHeaders]:
 def check_glue_and_cuda(verbose: bool = False) -> str:
     """`check_glue` and `check_cuda` at once, then checks that they link.
 
-    Every `tfgc::gpu::` function the glue calls (the launchers declared in
-    the kernel headers) must be defined by the nvcc-compiled objects: a launcher
-    whose definition drifted from its declaration would otherwise surface
-    only when a CUDA build of the library fails to load.
+    Every `tfgc::gpu::` function the glue calls (the typed launchers
+    declared in `kernels/*_gpu.h`, each instantiation for an element type
+    included) must be defined by the nvcc-compiled objects: a launcher whose
+    definition drifted from its declaration, or an instantiation missing,
+    would otherwise surface only when a CUDA build of the library fails to
+    load.
 
     Returns:
         A one-line summary.

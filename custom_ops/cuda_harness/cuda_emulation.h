@@ -2,9 +2,12 @@
 //
 // A CPU emulation of the subset of CUDA that custom_ops/cc/kernels/*.cu.cc
 // use, so that the same kernel source runs, and is checked against numpy, on
-// a machine without a GPU. custom_ops/cc/kernels/cuda_launch.h includes it
-// when the .cu.cc files are compiled as C++ with -DTFGC_CUDA_EMULATION
-// (custom_ops/cuda_harness/run_harness.py --emulate).
+// a machine without a GPU. A test tool: no production source includes it.
+// The harness build (custom_ops/cuda_harness/run_harness.py --emulate)
+// compiles the .cu.cc files as C++ with this header force-included
+// (-include), in place of the CUDA headers that cuda_launch.h includes under
+// nvcc; it defines TFGC_CUDA_EMULATION, and cudaLaunchKernel, through which
+// cuda_launch.h launches kernels under a host compiler.
 //
 // Execution model (README.md next to this file says what it can catch):
 // - Blocks run one after another on the launching thread, so `__shared__`
@@ -27,6 +30,11 @@
 
 #ifndef TFGC_CUSTOM_OPS_CUDA_HARNESS_CUDA_EMULATION_H_
 #define TFGC_CUSTOM_OPS_CUDA_HARNESS_CUDA_EMULATION_H_
+
+// What the kernel sources and the harness test for.
+#ifndef TFGC_CUDA_EMULATION
+#define TFGC_CUDA_EMULATION 1
+#endif
 
 #include <math.h>  // fabsf, fmaxf and ::isnan, spelled as in device code
 #include <signal.h>
@@ -407,9 +415,10 @@ class BlockRunner {
   }
 
   // Runs `body` once for every thread of every block of `grid`. `what`
-  // names the launch in messages.
-  void RunGrid(dim3 grid, dim3 block, const std::function<void()>& body,
-               const char* what) {
+  // names the launch in messages. Returns the launch's error, which is also
+  // the last error from then on.
+  cudaError_t RunGrid(dim3 grid, dim3 block,
+                      const std::function<void()>& body, const char* what) {
     std::lock_guard<std::mutex> lock(launch_mu_);
     const Config& config = GetConfig();
     const uint64_t threads = uint64_t{block.x} * block.y * block.z;
@@ -417,7 +426,7 @@ class BlockRunner {
         grid.z == 0 || grid.x > static_cast<unsigned>(config.max_grid_x) ||
         grid.y > 65535 || grid.z > 65535) {
       LastError() = cudaErrorInvalidConfiguration;
-      return;
+      return cudaErrorInvalidConfiguration;
     }
     StartWatchdog();
     body_ = &body;
@@ -437,6 +446,7 @@ class BlockRunner {
     }
     launch_started_ns_.store(0);
     body_ = nullptr;
+    return cudaSuccess;
   }
 
   void SyncThreads(const char* file, int line) {
@@ -806,10 +816,11 @@ inline std::string KernelName(const char* pretty) {
 }
 
 // kernel<<<grid, block, shmem, stream>>>(args...): runs the whole grid
-// before returning (every stream is synchronous).
+// before returning (every stream is synchronous); returns the launch's
+// error.
 template <typename... Params, typename... Args>
-void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shmem,
-            cudaStream_t stream, Args... args) {
+cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block,
+                   size_t shmem, cudaStream_t stream, Args... args) {
   static_assert(sizeof...(Params) == sizeof...(Args),
                 "kernel launched with the wrong number of arguments");
   (void)stream;
@@ -820,7 +831,19 @@ void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shmem,
   const std::tuple<std::decay_t<Params>...> params(args...);
   CheckArguments(params, what, std::index_sequence_for<Params...>{});
   const std::function<void()> body = [&] { std::apply(kernel, params); };
-  BlockRunner::Get().RunGrid(grid, block, body, what);
+  return BlockRunner::Get().RunGrid(grid, block, body, what);
+}
+
+// Launch with the parameters' values behind args[i], as cudaLaunchKernel
+// passes them.
+template <typename... Params, size_t... I>
+cudaError_t LaunchWithPointers(void (*kernel)(Params...), dim3 grid,
+                               dim3 block, void** args, size_t shmem,
+                               cudaStream_t stream,
+                               std::index_sequence<I...>) {
+  (void)args;  // unused for kernels without parameters
+  return Launch(kernel, grid, block, shmem, stream,
+                *static_cast<std::decay_t<Params>*>(args[I])...);
 }
 
 inline void SyncThreads(const char* file, int line) {
@@ -1041,6 +1064,18 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr,
       return cudaSuccess;
   }
   return cudaErrorInvalidValue;
+}
+
+// The runtime API's launch, which cuda_launch.h's LaunchKernel calls under a
+// host compiler (typed, as the template overload of cuda_runtime.h):
+// args[i] points to the value of the kernel's parameter i.
+template <typename... Params>
+cudaError_t cudaLaunchKernel(void (*func)(Params...), dim3 gridDim,
+                             dim3 blockDim, void** args, size_t sharedMem = 0,
+                             cudaStream_t stream = nullptr) {
+  return tfgc::emu::LaunchWithPointers(func, gridDim, blockDim, args,
+                                       sharedMem, stream,
+                                       std::index_sequence_for<Params...>{});
 }
 
 inline cudaError_t cudaGetLastError() {

@@ -8,13 +8,18 @@
 // message. tests/ops/test_cuda_emulation.py builds it with
 //   g++ -x c++ -std=c++17 -pthread -DTFGC_CUDA_EMULATION -I<repo> ...
 // and runs `emulation_selftest SCENARIO`; the scenarios that check a
-// result print "ok" and exit 0, the others abort.
+// result print "ok" and exit 0, the others abort. The kernels below launch
+// through cuda_launch.h's LaunchKernel, as the kernel sources do.
 
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
+
+// The CUDA API first: cuda_launch.h includes the CUDA headers only under
+// nvcc (the harness build force-includes the emulation instead).
+#include "custom_ops/cuda_harness/cuda_emulation.h"
 
 #include "custom_ops/cc/kernels/cuda_launch.h"
 

@@ -1,13 +1,16 @@
 // Copyright 2026 The tfgc Authors.
 //
-// A C API over the CUDA launchers of custom_ops/cc/kernels/*.cu.cc, for
-// ctypes (run_harness.py): the same kernel source the TF op uses, built by
-// nvcc alone, so the kernels can be checked and timed on a GPU machine that
-// has no TensorFlow. Every function returns a cudaError_t value (0 = ok).
-// Compiled as C++ with -DTFGC_CUDA_EMULATION, the same API runs the kernels
-// on the CPU emulation of cuda_emulation.h (run_harness.py --emulate).
+// A C API over the typed CUDA launchers of custom_ops/cc/kernels/*_gpu.h,
+// for ctypes (run_harness.py): the same kernel source the TF op uses, built
+// by nvcc alone, so the kernels can be checked and timed on a GPU machine
+// that has no TensorFlow. Element types travel as codes (0 float32,
+// 1 float16, 2 bfloat16) and pick the launchers' instantiation. Every
+// function returns a cudaError_t value (0 = ok). Compiled as C++ with
+// cuda_emulation.h force-included, the same API runs the kernels on the CPU
+// emulation (run_harness.py --emulate).
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -17,11 +20,12 @@
 #define TFGC_HARNESS_HAVE_MXCSR 0
 #endif
 
-#include "custom_ops/cc/kernels/bits_kernels.h"
+#include "custom_ops/cc/kernels/bits_gpu.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
-#include "custom_ops/cc/kernels/golomb_kernels.h"
-#include "custom_ops/cc/kernels/scatter_kernels.h"
-#include "custom_ops/cc/kernels/top_k_sample_kernels.h"
+#include "custom_ops/cc/kernels/golomb_gpu.h"
+#include "custom_ops/cc/kernels/scatter_gpu.h"
+#include "custom_ops/cc/kernels/top_k_sample_common.h"
+#include "custom_ops/cc/kernels/top_k_sample_gpu.h"
 
 namespace {
 
@@ -33,6 +37,21 @@ cudaEvent_t g_timer_stop = nullptr;
 // What the last tfgc_top_k_sample's launchers asked of the host.
 tfgc::emu::HostTraffic g_top_k_traffic;
 #endif
+
+// Runs body(static_cast<T*>(nullptr)) with the element type T of the C
+// API's code `dtype`; cudaErrorInvalidValue for another code.
+template <typename F>
+int WithDType(int dtype, F&& body) {
+  switch (dtype) {
+    case 0:
+      return body(static_cast<float*>(nullptr));
+    case 1:
+      return body(static_cast<__half*>(nullptr));
+    case 2:
+      return body(static_cast<__nv_bfloat16*>(nullptr));
+  }
+  return static_cast<int>(cudaErrorInvalidValue);
+}
 
 int EnsureScratch(int64_t bytes) {
   if (bytes <= g_scratch_bytes) return 0;
@@ -97,9 +116,9 @@ class TopKSampleCall {
 };
 
 // The rows (offset, n, k, seed) of a host table as the launchers' type.
-std::vector<tfgc::gpu::TopKSampleSegment> SegmentTable(const int64_t* table,
-                                                      int count) {
-  std::vector<tfgc::gpu::TopKSampleSegment> segments(count > 0 ? count : 0);
+std::vector<tfgc::TopKSampleSegment> SegmentTable(const int64_t* table,
+                                                 int count) {
+  std::vector<tfgc::TopKSampleSegment> segments(count > 0 ? count : 0);
   for (int s = 0; s < count; ++s) {
     segments[s].offset = table[4 * s];
     segments[s].n = table[4 * s + 1];
@@ -154,22 +173,26 @@ int tfgc_top_k_sample(int dtype, const void* x, int64_t n, int64_t k,
   TopKSampleCall call(flush_denormals != 0);
   int err = EnsureScratch(tfgc::gpu::TopKSampleScratchBytes(n));
   if (err != 0) return err;
-  const auto dt = static_cast<tfgc::gpu::DType>(dtype);
   const auto m = static_cast<tfgc::TopKSampleMode>(mode);
-  err = tfgc::gpu::TopKSamplePlan(dt, x, n, k, m, rounds, seed, g_scratch,
-                                  nullptr);
-  if (err == 0) {
-    err = tfgc::gpu::TopKSampleOutputSize(m, n, k, g_scratch, nullptr,
-                                          out_size);
-  }
-  if (err == 0 && *out_size > capacity) {
-    err = static_cast<int>(cudaErrorInvalidValue);
-  }
-  if (err == 0) {
-    err = tfgc::gpu::TopKSampleWrite(dt, x, n, *out_size, values, indices,
-                                     zero_selected, g_scratch, nullptr);
-  }
-  return err;
+  return WithDType(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto* data = static_cast<const T*>(x);
+    int status = tfgc::gpu::TopKSamplePlan(data, n, k, m, rounds, seed,
+                                           g_scratch, nullptr);
+    if (status == 0) {
+      status = tfgc::gpu::TopKSampleOutputSize(m, n, k, g_scratch, nullptr,
+                                               out_size);
+    }
+    if (status == 0 && *out_size > capacity) {
+      status = static_cast<int>(cudaErrorInvalidValue);
+    }
+    if (status == 0) {
+      status = tfgc::gpu::TopKSampleWrite(
+          data, n, *out_size, static_cast<T*>(values), indices,
+          static_cast<T*>(zero_selected), g_scratch, nullptr);
+    }
+    return status;
+  });
 }
 
 // The scratch bytes of the segmented TopKSample over `table` (as below);
@@ -198,7 +221,7 @@ int tfgc_top_k_sample_segments(int dtype, const void* x,
     return static_cast<int>(cudaErrorInvalidValue);
   }
   TopKSampleCall call(flush_denormals != 0);
-  const std::vector<tfgc::gpu::TopKSampleSegment> segments =
+  const std::vector<tfgc::TopKSampleSegment> segments =
       SegmentTable(table, count);
   const bool own_scratch = scratch == nullptr;
   int err = 0;
@@ -209,32 +232,40 @@ int tfgc_top_k_sample_segments(int dtype, const void* x,
     err = static_cast<int>(cudaMalloc(&scratch, bytes > 0 ? bytes : 1));
     if (err != 0) return err;
   }
-  const auto dt = static_cast<tfgc::gpu::DType>(dtype);
   const auto m = static_cast<tfgc::TopKSampleMode>(mode);
-  err = tfgc::gpu::TopKSampleSegmentsPlan(dt, x, segments.data(), count, m,
-                                          rounds, scratch, nullptr);
-  if (err == 0) {
-    err = tfgc::gpu::TopKSampleSegmentsOutputSizes(
-        m, segments.data(), count, scratch, nullptr, out_sizes);
-  }
-  int64_t total = 0;
-  for (int s = 0; err == 0 && s < count; ++s) total += out_sizes[s];
-  if (err == 0 && total > capacity) {
-    err = static_cast<int>(cudaErrorInvalidValue);
-  }
-  if (err == 0) {
-    err = tfgc::gpu::TopKSampleSegmentsWrite(dt, x, segments.data(), count,
-                                             total, values, indices,
-                                             zero_selected, scratch, nullptr);
-  }
+  err = WithDType(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto* data = static_cast<const T*>(x);
+    int status = tfgc::gpu::TopKSampleSegmentsPlan(
+        data, segments.data(), count, m, rounds, scratch, nullptr);
+    if (status == 0) {
+      status = tfgc::gpu::TopKSampleSegmentsOutputSizes(
+          m, segments.data(), count, scratch, nullptr, out_sizes);
+    }
+    int64_t total = 0;
+    for (int s = 0; status == 0 && s < count; ++s) total += out_sizes[s];
+    if (status == 0 && total > capacity) {
+      status = static_cast<int>(cudaErrorInvalidValue);
+    }
+    if (status == 0) {
+      status = tfgc::gpu::TopKSampleSegmentsWrite(
+          data, segments.data(), count, total, static_cast<T*>(values),
+          indices, static_cast<T*>(zero_selected), scratch, nullptr);
+    }
+    return status;
+  });
   if (own_scratch) cudaFree(scratch);
   return err;
 }
 
 int tfgc_add_residual(int dtype, const void* g, const void* r, void* acc,
                       int64_t n) {
-  return tfgc::gpu::AddResidual(static_cast<tfgc::gpu::DType>(dtype), g, r,
-                                acc, n, nullptr);
+  return WithDType(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return tfgc::gpu::AddResidual(static_cast<const T*>(g),
+                                  static_cast<const T*>(r),
+                                  static_cast<T*>(acc), n, nullptr);
+  });
 }
 
 int tfgc_pack_bits(const bool* mask, int64_t n, int32_t* words) {
@@ -248,12 +279,20 @@ int tfgc_unpack_bits(const int32_t* words, int64_t rows, int64_t n,
 
 int tfgc_unpack_bits_sum(int dtype, const int32_t* words, const void* scales,
                          int64_t p, int64_t n, void* out) {
-  return tfgc::gpu::UnpackBitsSum(dtype, words, scales, p, n, out, nullptr);
+  return WithDType(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return tfgc::gpu::UnpackBitsSum(words, static_cast<const T*>(scales), p,
+                                    n, static_cast<T*>(out), nullptr);
+  });
 }
 
 int tfgc_unpack_bits_vote(int dtype, const int32_t* words, int64_t p,
                           int64_t n, void* out) {
-  return tfgc::gpu::UnpackBitsVote(dtype, words, p, n, out, nullptr);
+  return WithDType(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return tfgc::gpu::UnpackBitsVote(words, p, n, static_cast<T*>(out),
+                                     nullptr);
+  });
 }
 
 // out[n] = sum of values[i] at indices[i] (m pairs), through `scratch` of
@@ -269,8 +308,12 @@ int tfgc_scatter_add_sum(int dtype, const void* values,
                          const int32_t* indices, int64_t m, int64_t n,
                          void* out, void* scratch, int64_t* bad_position,
                          int32_t* bad_index) {
-  return tfgc::gpu::ScatterAddSum(dtype, values, indices, m, n, out, scratch,
-                                  nullptr, bad_position, bad_index);
+  return WithDType(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return tfgc::gpu::ScatterAddSum(static_cast<const T*>(values), indices, m,
+                                    n, static_cast<T*>(out), scratch, nullptr,
+                                    bad_position, bad_index);
+  });
 }
 
 // GolombEncode of k int32 or int64 indices (index_int64) in [0, n): sizes
@@ -289,17 +332,20 @@ int tfgc_golomb_encode(int index_int64, const void* indices, int64_t k,
                        int64_t word_capacity, uint8_t* out, int64_t capacity,
                        int64_t* num_bits, int64_t* bad_position,
                        int64_t* bad_value, int64_t* bad_prev) {
-  int err = tfgc::gpu::GolombEncodeSize(index_int64 != 0, indices, k, n, b,
-                                        scratch, nullptr, num_bits,
-                                        bad_position, bad_value, bad_prev);
-  if (err != 0 || *bad_position >= 0) return err;
-  if ((*num_bits + 7) / 8 > capacity ||
-      (*num_bits + 31) / 32 > word_capacity) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  return tfgc::gpu::GolombEncodeWrite(index_int64 != 0, indices, k, b,
-                                      *num_bits, scratch, words, out,
-                                      nullptr);
+  auto encode = [&](const auto* idx) {
+    int err = tfgc::gpu::GolombEncodeSize(idx, k, n, b, scratch, nullptr,
+                                          num_bits, bad_position, bad_value,
+                                          bad_prev);
+    if (err != 0 || *bad_position >= 0) return err;
+    if ((*num_bits + 7) / 8 > capacity ||
+        (*num_bits + 31) / 32 > word_capacity) {
+      return static_cast<int>(cudaErrorInvalidValue);
+    }
+    return tfgc::gpu::GolombEncodeWrite(idx, k, b, *num_bits, scratch, words,
+                                        out, nullptr);
+  };
+  return index_int64 != 0 ? encode(static_cast<const int64_t*>(indices))
+                          : encode(static_cast<const int32_t*>(indices));
 }
 
 // GolombDecode of k positions below `limit` through `scratch` of

@@ -198,7 +198,7 @@ def round_to_bfloat16(x) -> np.ndarray:
 
 
 def np_golomb_encode(indices: np.ndarray, b: int) -> tuple[np.ndarray, int]:
-    """The format of golomb_kernels.h in numpy: (bytes, num_bits)."""
+    """The format of golomb_common.h in numpy: (bytes, num_bits)."""
     idx = np.asarray(indices, np.int64)
     gaps = (np.diff(idx, prepend=-1) - 1).astype(np.uint64)
     q = (gaps >> np.uint64(b)).astype(np.int64)

@@ -39,6 +39,10 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 LIB = os.path.join(HERE, "libtfgc_cuda_harness.so")
 EMULATION_LIB = os.path.join(HERE, "libtfgc_cuda_emulation.so")
 HARNESS_API = os.path.join(HERE, "harness_api.cu.cc")
+# The CPU emulation of CUDA, force-included into every source of the
+# emulation build: the kernel sources include the CUDA headers only under
+# nvcc, and no production header includes the emulation.
+CUDA_EMULATION_H = os.path.join(HERE, "cuda_emulation.h")
 MODES = ("mstopk", "threshold", "trimmed")
 DTYPES = ("float32", "float16", "bfloat16")  # codes 0, 1, 2 of the C API
 SCHEDULES = ("round-robin", "reverse", "random")
@@ -110,6 +114,18 @@ def find_cxx() -> str | None:
     return shutil.which("g++") or shutil.which("c++")
 
 
+def emulation_flags() -> list[str]:
+    """The C++ flags that compile a CUDA source on the emulation."""
+    return [
+        "-x",
+        "c++",
+        "-DTFGC_CUDA_EMULATION",
+        "-include",
+        CUDA_EMULATION_H,
+        f"-I{ROOT}",
+    ]
+
+
 def build_emulation(output: str = EMULATION_LIB, verbose: bool = False) -> str:
     """Compiles the kernels and the C API as C++ on the CUDA emulation."""
     cxx = find_cxx()
@@ -124,8 +140,7 @@ def build_emulation(output: str = EMULATION_LIB, verbose: bool = False) -> str:
         objs = [os.path.join(tmp, f"{i}.o") for i in range(len(srcs))]
         ops_build._compile_all(
             [
-                [cxx, "-x", "c++", "-c", s, "-o", o, *flags]
-                + ["-DTFGC_CUDA_EMULATION", f"-I{ROOT}"]
+                [cxx, *emulation_flags(), "-c", s, "-o", o, *flags]
                 for s, o in zip(srcs, objs)
             ],
             verbose,

@@ -1,9 +1,10 @@
 // Copyright 2026 The tfgc Authors.
 //
-// CPU kernels of the bit-packing ops and their CUDA glue under GOOGLE_CUDA.
-// One op kernel per op, templated on the device, validates the inputs and
-// allocates the outputs; functor::XxxFunctor<Device, ...> computes them. On
-// the CPU the work is split over words on the intra-op thread pool.
+// The bit-packing ops: one op kernel per op, templated on the device,
+// validates the inputs and allocates the outputs; the functors of
+// bits_kernels.h compute them. The CPU functors split the work over words
+// on the intra-op thread pool; under GOOGLE_CUDA the GPU functors call the
+// launchers of bits_gpu.h.
 
 #define EIGEN_USE_THREADS
 
@@ -17,6 +18,10 @@
 #include "custom_ops/cc/kernels/kernel_utils.h"
 #include "custom_ops/cc/kernels/parallel.h"
 #include "custom_ops/cc/kernels/simd.h"
+
+#if GOOGLE_CUDA
+#include "custom_ops/cc/kernels/bits_gpu.h"
+#endif  // GOOGLE_CUDA
 
 namespace tfgc {
 namespace {
@@ -61,87 +66,10 @@ TFGC_AVX2 int64_t PackFullWordsAvx2(const uint8_t* bits, int64_t begin,
 }
 #endif
 
-}  // namespace
-
-namespace functor {
-
-// Packs mask[n] into words[ceil(n / 32)].
-template <typename Device>
-struct PackBitsFunctor {
-  absl::Status operator()(OpKernelContext* ctx, const bool* mask, int64_t n,
-                          int32_t* words);
-};
-
-// Unpacks words[rows, w] into mask[rows, n], w = ceil(n / 32).
-template <typename Device>
-struct UnpackBitsFunctor {
-  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
-                          int64_t rows, int64_t w, int64_t n, bool* mask);
-};
-
-// UnpackBitsSum (kVote false): out[i] = sum over rows r of scales[r] times
-// +1 or -1 as bit i of row r is set or not. UnpackBitsVote (kVote true,
-// `scales` null): out[i] = +1 when at least half the rows set bit i, else
-// -1. `words` is [p, ceil(n / 32)], `out` [n], n > 0.
-template <typename Device, typename T, bool kVote>
-struct UnpackBitsReduceFunctor {
-  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
-                          const T* scales, int64_t p, int64_t n, T* out);
-};
-
-// ---------------------------------------------------------------------------
-// CPU functors.
-// ---------------------------------------------------------------------------
-
-template <>
-absl::Status PackBitsFunctor<CPUDevice>::operator()(OpKernelContext* ctx,
-                                                    const bool* mask,
-                                                    int64_t n,
-                                                    int32_t* words) {
-  const uint8_t* bits = reinterpret_cast<const uint8_t*>(mask);
-  uint32_t* w = reinterpret_cast<uint32_t*>(words);
-  Blocks blocks(NumWords(n), NumThreads(ctx), kMinWordBlock);
-  ForEachBlock(ctx, blocks, [&](int64_t b) {
-    int64_t j = blocks.begin(b);
-    const int64_t end = blocks.end(b);
-#if TFGC_HAVE_AVX2_PATH
-    if (UseAvx2()) j = PackFullWordsAvx2(bits, j, std::min(end, n / 32), w);
-#endif
-    for (; j < end; ++j) {
-      const int64_t first = j * kBitsPerWord;
-      const int count =
-          static_cast<int>(std::min<int64_t>(kBitsPerWord, n - first));
-      w[j] = PackWord(bits + first, count);
-    }
-  });
-  return absl::OkStatus();
-}
-
-template <>
-absl::Status UnpackBitsFunctor<CPUDevice>::operator()(OpKernelContext* ctx,
-                                                      const int32_t* words,
-                                                      int64_t rows, int64_t w,
-                                                      int64_t n, bool* mask) {
-  const uint32_t* in = reinterpret_cast<const uint32_t*>(words);
-  Blocks blocks(rows * w, NumThreads(ctx), kMinWordBlock);
-  ForEachBlock(ctx, blocks, [&](int64_t b) {
-    const int64_t end = blocks.end(b);
-    for (int64_t g = blocks.begin(b); g < end; ++g) {
-      const int64_t row = g / w;
-      const int64_t j = g - row * w;
-      const int64_t first = j * kBitsPerWord;
-      const int count =
-          static_cast<int>(std::min<int64_t>(kBitsPerWord, n - first));
-      const uint32_t word = in[g];
-      bool* dst = mask + row * n + first;
-      for (int i = 0; i < count; ++i) dst[i] = (word >> i) & 1u;
-    }
-  });
-  return absl::OkStatus();
-}
-
+// UnpackBitsSum (kVote false) and UnpackBitsVote (kVote true, `scales`
+// null) on the CPU.
 template <typename T, bool kVote>
-struct UnpackBitsReduceFunctor<CPUDevice, T, kVote> {
+struct UnpackBitsReduceCpu {
   absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
                           const T* scales, int64_t p, int64_t n, T* dst) {
     const int64_t w = NumWords(n);
@@ -189,45 +117,115 @@ struct UnpackBitsReduceFunctor<CPUDevice, T, kVote> {
   }
 };
 
-#if GOOGLE_CUDA
+}  // namespace
+
+namespace functor {
+
 // ---------------------------------------------------------------------------
-// GPU functors over the launchers of bits_kernels.cu.cc. Unlike TensorFlow's
-// *_gpu.cu.cc functors they live here, in the TensorFlow glue: the .cu.cc
-// files are compiled without TensorFlow headers (custom_ops/cuda_harness
-// builds them alone), so they export plain launchers that these call.
+// CPU functors.
 // ---------------------------------------------------------------------------
 
 template <>
-absl::Status PackBitsFunctor<GPUDevice>::operator()(OpKernelContext* ctx,
-                                                    const bool* mask,
-                                                    int64_t n,
-                                                    int32_t* words) {
+absl::Status PackBits<CPUDevice>::operator()(OpKernelContext* ctx,
+                                             const bool* mask, int64_t n,
+                                             int32_t* words) {
+  const uint8_t* bits = reinterpret_cast<const uint8_t*>(mask);
+  uint32_t* w = reinterpret_cast<uint32_t*>(words);
+  Blocks blocks(NumWords(n), NumThreads(ctx), kMinWordBlock);
+  ForEachBlock(ctx, blocks, [&](int64_t b) {
+    int64_t j = blocks.begin(b);
+    const int64_t end = blocks.end(b);
+#if TFGC_HAVE_AVX2_PATH
+    if (UseAvx2()) j = PackFullWordsAvx2(bits, j, std::min(end, n / 32), w);
+#endif
+    for (; j < end; ++j) {
+      const int64_t first = j * kBitsPerWord;
+      const int count =
+          static_cast<int>(std::min<int64_t>(kBitsPerWord, n - first));
+      w[j] = PackWord(bits + first, count);
+    }
+  });
+  return absl::OkStatus();
+}
+
+template <>
+absl::Status UnpackBits<CPUDevice>::operator()(OpKernelContext* ctx,
+                                               const int32_t* words,
+                                               int64_t rows, int64_t w,
+                                               int64_t n, bool* mask) {
+  const uint32_t* in = reinterpret_cast<const uint32_t*>(words);
+  Blocks blocks(rows * w, NumThreads(ctx), kMinWordBlock);
+  ForEachBlock(ctx, blocks, [&](int64_t b) {
+    const int64_t end = blocks.end(b);
+    for (int64_t g = blocks.begin(b); g < end; ++g) {
+      const int64_t row = g / w;
+      const int64_t j = g - row * w;
+      const int64_t first = j * kBitsPerWord;
+      const int count =
+          static_cast<int>(std::min<int64_t>(kBitsPerWord, n - first));
+      const uint32_t word = in[g];
+      bool* dst = mask + row * n + first;
+      for (int i = 0; i < count; ++i) dst[i] = (word >> i) & 1u;
+    }
+  });
+  return absl::OkStatus();
+}
+
+template <typename T>
+struct UnpackBitsSum<CPUDevice, T> {
+  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
+                          const T* scales, int64_t p, int64_t n, T* out) {
+    return UnpackBitsReduceCpu<T, false>()(ctx, words, scales, p, n, out);
+  }
+};
+
+template <typename T>
+struct UnpackBitsVote<CPUDevice, T> {
+  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
+                          int64_t p, int64_t n, T* out) {
+    return UnpackBitsReduceCpu<T, true>()(ctx, words, nullptr, p, n, out);
+  }
+};
+
+#if GOOGLE_CUDA
+// ---------------------------------------------------------------------------
+// GPU functors over the launchers of bits_gpu.h.
+// ---------------------------------------------------------------------------
+
+template <>
+absl::Status PackBits<GPUDevice>::operator()(OpKernelContext* ctx,
+                                             const bool* mask, int64_t n,
+                                             int32_t* words) {
   return CudaStatus(gpu::PackBits(mask, n, words, StreamOf(ctx)),
                     "PackBits");
 }
 
 template <>
-absl::Status UnpackBitsFunctor<GPUDevice>::operator()(OpKernelContext* ctx,
-                                                      const int32_t* words,
-                                                      int64_t rows,
-                                                      int64_t /*w*/,
-                                                      int64_t n, bool* mask) {
+absl::Status UnpackBits<GPUDevice>::operator()(OpKernelContext* ctx,
+                                               const int32_t* words,
+                                               int64_t rows, int64_t /*w*/,
+                                               int64_t n, bool* mask) {
   return CudaStatus(gpu::UnpackBits(words, rows, n, mask, StreamOf(ctx)),
                     "UnpackBits");
 }
 
-template <typename T, bool kVote>
-struct UnpackBitsReduceFunctor<GPUDevice, T, kVote> {
+template <typename T>
+struct UnpackBitsSum<GPUDevice, T> {
   absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
                           const T* scales, int64_t p, int64_t n, T* out) {
-    if (kVote) {
-      return CudaStatus(gpu::UnpackBitsVote(GpuDType<T>(), words, p, n, out,
-                                            StreamOf(ctx)),
-                        "UnpackBitsVote");
-    }
-    return CudaStatus(gpu::UnpackBitsSum(GpuDType<T>(), words, scales, p, n,
-                                         out, StreamOf(ctx)),
+    return CudaStatus(gpu::UnpackBitsSum(words, ToCuda(scales), p, n,
+                                         ToCuda(out), StreamOf(ctx)),
                       "UnpackBitsSum");
+  }
+};
+
+template <typename T>
+struct UnpackBitsVote<GPUDevice, T> {
+  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
+                          int64_t p, int64_t n, T* out) {
+    return CudaStatus(
+        gpu::UnpackBitsVote(words, p, n, ToCuda(out), StreamOf(ctx)),
+        "UnpackBitsVote");
   }
 };
 #endif  // GOOGLE_CUDA
@@ -251,7 +249,7 @@ class PackBitsOp : public OpKernel {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx,
                    ctx->allocate_output(0, TensorShape({NumWords(n)}), &out));
-    OP_REQUIRES_OK(ctx, functor::PackBitsFunctor<Device>()(
+    OP_REQUIRES_OK(ctx, functor::PackBits<Device>()(
                             ctx, mask.flat<bool>().data(), n,
                             out->flat<int32_t>().data()));
   }
@@ -305,7 +303,7 @@ class UnpackBitsOp : public OpKernelWithN {
     OP_REQUIRES_OK(ctx, AllocateUnpacked(ctx, words, n_, &out));
     if (out->NumElements() == 0) return;
     const int64_t w = words.dim_size(words.dims() - 1);
-    OP_REQUIRES_OK(ctx, functor::UnpackBitsFunctor<Device>()(
+    OP_REQUIRES_OK(ctx, functor::UnpackBits<Device>()(
                             ctx, words.flat<int32_t>().data(),
                             words.NumElements() / w, w, n_,
                             out->flat<bool>().data()));
@@ -347,11 +345,16 @@ class UnpackBitsReduceOp : public OpKernelWithN {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, AllocateReduced(ctx, words, scales, n_, &out));
     if (n_ == 0) return;
-    OP_REQUIRES_OK(ctx,
-                   (functor::UnpackBitsReduceFunctor<Device, T, kVote>()(
-                       ctx, words.flat<int32_t>().data(),
-                       kVote ? nullptr : scales->flat<T>().data(),
-                       words.dim_size(0), n_, out->flat<T>().data())));
+    const int32_t* w = words.flat<int32_t>().data();
+    const int64_t p = words.dim_size(0);
+    T* dst = out->flat<T>().data();
+    if constexpr (kVote) {
+      OP_REQUIRES_OK(
+          ctx, (functor::UnpackBitsVote<Device, T>()(ctx, w, p, n_, dst)));
+    } else {
+      OP_REQUIRES_OK(ctx, (functor::UnpackBitsSum<Device, T>()(
+                              ctx, w, scales->flat<T>().data(), p, n_, dst)));
+    }
   }
 };
 

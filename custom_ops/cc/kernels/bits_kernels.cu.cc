@@ -1,7 +1,9 @@
 // Copyright 2026 The tfgc Authors.
 //
-// CUDA kernels of the bit-packing ops. No TensorFlow header: the TF glue
-// (bits_kernels.cc, GOOGLE_CUDA) and custom_ops/cuda_harness/ link it as is.
+// CUDA kernels of the bit-packing ops and their launchers (bits_gpu.h), the
+// reductions instantiated for float, __half and __nv_bfloat16. No
+// TensorFlow header: the GPU functors (bits_kernels.cc, GOOGLE_CUDA) and
+// custom_ops/cuda_harness/ link it as is.
 // PackBits builds each word with one warp ballot (32 coalesced byte reads);
 // the unpack kernels give one thread per output element. Grids come from the
 // device's multiprocessor count and maximum grid size.
@@ -9,7 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "custom_ops/cc/kernels/bits_kernels.h"
+#include "custom_ops/cc/kernels/bits_gpu.h"
 #include "custom_ops/cc/kernels/cuda_float.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
 
@@ -70,31 +72,12 @@ __global__ void ReduceKernel(const int32_t* words, const T* scales,
   }
 }
 
-template <bool kVote>
-int Reduce(int dtype, const int32_t* words, const void* scales, int64_t p,
-           int64_t n, void* out, void* stream) {
+template <typename T, bool kVote>
+int Reduce(const int32_t* words, const T* scales, int64_t p, int64_t n,
+           T* out, void* stream) {
   if (n == 0) return 0;
-  auto s = static_cast<cudaStream_t>(stream);
-  const int grid = Grid(n);
-  switch (dtype) {
-    case 0:
-      LaunchKernel(ReduceKernel<float, kVote>, grid, kThreads, 0, s, words,
-                   static_cast<const float*>(scales), p, n,
-                   static_cast<float*>(out));
-      break;
-    case 1:
-      LaunchKernel(ReduceKernel<__half, kVote>, grid, kThreads, 0, s, words,
-                   static_cast<const __half*>(scales), p, n,
-                   static_cast<__half*>(out));
-      break;
-    case 2:
-      LaunchKernel(ReduceKernel<__nv_bfloat16, kVote>, grid, kThreads, 0, s,
-                   words, static_cast<const __nv_bfloat16*>(scales), p, n,
-                   static_cast<__nv_bfloat16*>(out));
-      break;
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
-  }
+  LaunchKernel(ReduceKernel<T, kVote>, Grid(n), kThreads, 0,
+               static_cast<cudaStream_t>(stream), words, scales, p, n, out);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -115,15 +98,30 @@ int UnpackBits(const int32_t* words, int64_t rows, int64_t n, bool* mask,
   return static_cast<int>(cudaGetLastError());
 }
 
-int UnpackBitsSum(int dtype, const int32_t* words, const void* scales,
-                  int64_t p, int64_t n, void* out, void* stream) {
-  return Reduce<false>(dtype, words, scales, p, n, out, stream);
+template <typename T>
+int UnpackBitsSum(const int32_t* words, const T* scales, int64_t p,
+                  int64_t n, T* out, void* stream) {
+  return Reduce<T, false>(words, scales, p, n, out, stream);
 }
 
-int UnpackBitsVote(int dtype, const int32_t* words, int64_t p, int64_t n,
-                   void* out, void* stream) {
-  return Reduce<true>(dtype, words, nullptr, p, n, out, stream);
+template <typename T>
+int UnpackBitsVote(const int32_t* words, int64_t p, int64_t n, T* out,
+                   void* stream) {
+  return Reduce<T, true>(words, static_cast<const T*>(nullptr), p, n, out,
+                         stream);
 }
+
+// The launchers of bits_gpu.h for each element type.
+#define TFGC_INSTANTIATE_BITS(T)                                             \
+  template int UnpackBitsSum(const int32_t*, const T*, int64_t, int64_t, T*, \
+                             void*);                                         \
+  template int UnpackBitsVote(const int32_t*, int64_t, int64_t, T*, void*);
+
+TFGC_INSTANTIATE_BITS(float)
+TFGC_INSTANTIATE_BITS(__half)
+TFGC_INSTANTIATE_BITS(__nv_bfloat16)
+
+#undef TFGC_INSTANTIATE_BITS
 
 }  // namespace gpu
 }  // namespace tfgc

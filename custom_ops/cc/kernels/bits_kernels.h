@@ -2,14 +2,18 @@
 //
 // PackBits / UnpackBits / UnpackBitsSum / UnpackBitsVote: element 32 * j + i
 // of the flattened input is bit i (least significant first) of int32 word j;
-// the last word is padded with zero bits. Shared by the CPU kernels, the CUDA
-// kernels and the standalone CUDA harness; no TensorFlow header here.
+// the last word is padded with zero bits. The ops' functors
+// (kernel_utils.h describes the layout): the CPU specialisations in
+// bits_kernels.cc, the GPU ones over the launchers of bits_gpu.h.
 
 #ifndef TFGC_CUSTOM_OPS_CC_KERNELS_BITS_KERNELS_H_
 #define TFGC_CUSTOM_OPS_CC_KERNELS_BITS_KERNELS_H_
 
 #include <cstdint>
 #include <cstring>
+
+#include "absl/status/status.h"
+#include "custom_ops/cc/kernels/kernel_utils.h"
 
 namespace tfgc {
 
@@ -40,20 +44,39 @@ inline uint32_t PackWord(const uint8_t* bits, int count) {
   return word;
 }
 
-namespace gpu {
+namespace functor {
 
-// CUDA launchers (bits_kernels.cu.cc). Device pointers; `stream` is a
-// cudaStream_t; `dtype` 0/1/2 = float/half/bfloat16 (as gpu::DType of
-// top_k_sample_kernels.h). Return a cudaError_t value (0 is success).
-int PackBits(const bool* mask, int64_t n, int32_t* words, void* stream);
-int UnpackBits(const int32_t* words, int64_t rows, int64_t n, bool* mask,
-               void* stream);
-int UnpackBitsSum(int dtype, const int32_t* words, const void* scales,
-                  int64_t p, int64_t n, void* out, void* stream);
-int UnpackBitsVote(int dtype, const int32_t* words, int64_t p, int64_t n,
-                   void* out, void* stream);
+// Packs mask[n] into words[ceil(n / 32)].
+template <typename Device>
+struct PackBits {
+  absl::Status operator()(OpKernelContext* ctx, const bool* mask, int64_t n,
+                          int32_t* words);
+};
 
-}  // namespace gpu
+// Unpacks words[rows, w] into mask[rows, n], w = ceil(n / 32).
+template <typename Device>
+struct UnpackBits {
+  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
+                          int64_t rows, int64_t w, int64_t n, bool* mask);
+};
+
+// out[i] = the sum over rows r of scales[r] times +1 or -1 as bit i of row
+// r is set or not. `words` is [p, ceil(n / 32)], `out` [n], n > 0.
+template <typename Device, typename T>
+struct UnpackBitsSum {
+  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
+                          const T* scales, int64_t p, int64_t n, T* out);
+};
+
+// out[i] = +1 when at least half the rows set bit i, else -1. `words` is
+// [p, ceil(n / 32)], `out` [n], n > 0.
+template <typename Device, typename T>
+struct UnpackBitsVote {
+  absl::Status operator()(OpKernelContext* ctx, const int32_t* words,
+                          int64_t p, int64_t n, T* out);
+};
+
+}  // namespace functor
 }  // namespace tfgc
 
 #endif  // TFGC_CUSTOM_OPS_CC_KERNELS_BITS_KERNELS_H_

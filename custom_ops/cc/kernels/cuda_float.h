@@ -16,6 +16,13 @@
 namespace tfgc {
 namespace gpu {
 
+// The launchers take these for Eigen::half and Eigen::bfloat16 buffers
+// (kernel_utils.h's ToCuda), which have this layout.
+static_assert(sizeof(__half) == 2 && alignof(__half) == 2,
+              "__half must have the layout of Eigen::half");
+static_assert(sizeof(__nv_bfloat16) == 2 && alignof(__nv_bfloat16) == 2,
+              "__nv_bfloat16 must have the layout of Eigen::bfloat16");
+
 __device__ __forceinline__ float ToFloat(float v) { return v; }
 __device__ __forceinline__ float ToFloat(__half v) { return __half2float(v); }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 v) {

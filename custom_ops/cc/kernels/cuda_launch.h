@@ -1,29 +1,35 @@
 // Copyright 2026 The tfgc Authors.
 //
-// The CUDA headers and the kernel launch of the *.cu.cc kernels, so that one
-// kernel source compiles with nvcc (real launches) and, with
-// -DTFGC_CUDA_EMULATION, as plain C++ against the CPU emulation in
-// custom_ops/cuda_harness/cuda_emulation.h, which runs the kernels in tests
-// on machines without a GPU. Only *.cu.cc files include this header.
+// The CUDA headers and the kernel launch of the *.cu.cc kernels. Only
+// *.cu.cc files include this header; the TensorFlow glue and the CPU code
+// never do.
+//
+// Under nvcc this header includes the CUDA headers and LaunchKernel is
+// kernel<<<grid, block, shmem, stream>>>(args...). A host compiler cannot
+// parse <<<>>>: there LaunchKernel goes through the runtime API's
+// cudaLaunchKernel, as TensorFlow's GpuLaunchKernel does, and the CUDA API
+// must already be declared when this header is read. No production build
+// compiles the kernels that way; the test harness in custom_ops/cuda_harness
+// does, force-including its CPU emulation of CUDA (which defines
+// TFGC_CUDA_EMULATION) before each source.
 
 #ifndef TFGC_CUSTOM_OPS_CC_KERNELS_CUDA_LAUNCH_H_
 #define TFGC_CUSTOM_OPS_CC_KERNELS_CUDA_LAUNCH_H_
 
-#if defined(TFGC_CUDA_EMULATION) && defined(__CUDACC__)
-#error "TFGC_CUDA_EMULATION is for host compilers (g++ -x c++), not nvcc"
-#elif defined(TFGC_CUDA_EMULATION)
-#include "custom_ops/cuda_harness/cuda_emulation.h"
-#elif defined(__CUDACC__)
+#if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#else
-#error "cuda_launch.h needs nvcc or -DTFGC_CUDA_EMULATION"
+#elif !defined(TFGC_CUDA_EMULATION)
+#error "the *.cu.cc kernels compile with nvcc (or on a CUDA emulation)"
 #endif
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
+#include <type_traits>
 
 namespace tfgc {
 namespace gpu {
@@ -34,10 +40,22 @@ namespace gpu {
 template <typename... Params, typename... Args>
 void LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block,
                   size_t shmem, cudaStream_t stream, Args... args) {
-#if defined(TFGC_CUDA_EMULATION)
-  emu::Launch(kernel, grid, block, shmem, stream, args...);
-#else
+  static_assert(sizeof...(Params) == sizeof...(Args),
+                "kernel launched with the wrong number of arguments");
+#if defined(__CUDACC__)
   kernel<<<grid, block, shmem, stream>>>(args...);
+#else
+  // The parameters' values, converted once, and a pointer to each.
+  std::tuple<std::decay_t<Params>...> values(args...);
+  std::apply(
+      [&](auto&... value) {
+        std::array<void*, sizeof...(Params)> pointers = {
+            static_cast<void*>(&value)...};
+        // Its result is also cudaGetLastError()'s.
+        (void)cudaLaunchKernel(kernel, grid, block, pointers.data(), shmem,
+                               stream);
+      },
+      values);
 #endif
 }
 

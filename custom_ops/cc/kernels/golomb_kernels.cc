@@ -1,13 +1,13 @@
 // Copyright 2026 The tfgc Authors.
 //
 // Op kernels of Tfgc>GolombEncode and Tfgc>GolombDecode (format in
-// golomb_kernels.h), templated on the device: they validate the inputs,
-// allocate the outputs and turn what functor::GolombEncodeFunctor and
-// functor::GolombDecodeFunctor find wrong in the data into errors. On the
-// CPU, encoding validates and sizes the codes of blocks of positions in
-// parallel on the intra-op pool, then writes the blocks in parallel from
-// their prefix-summed bit offsets; decoding is sequential. Under
-// GOOGLE_CUDA the GPU functors call the launchers of golomb_kernels.cu.cc.
+// golomb_common.h), templated on the device: they validate the inputs,
+// allocate the outputs and turn what functor::GolombEncode and
+// functor::GolombDecode (golomb_kernels.h) find wrong in the data into
+// errors. On the CPU, encoding validates and sizes the codes of blocks of
+// positions in parallel on the intra-op pool, then writes the blocks in
+// parallel from their prefix-summed bit offsets; decoding is sequential.
+// Under GOOGLE_CUDA the GPU functors call the launchers of golomb_gpu.h.
 
 #define EIGEN_USE_THREADS
 
@@ -15,14 +15,18 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "custom_ops/cc/kernels/golomb_common.h"
 #include "custom_ops/cc/kernels/golomb_kernels.h"
 #include "custom_ops/cc/kernels/kernel_utils.h"
 #include "custom_ops/cc/kernels/parallel.h"
+
+#if GOOGLE_CUDA
+#include "custom_ops/cc/kernels/golomb_gpu.h"
+#endif  // GOOGLE_CUDA
 
 namespace tfgc {
 namespace {
@@ -40,46 +44,12 @@ constexpr int64_t kInt32Limit =
 
 namespace functor {
 
-// The first invalid entry of GolombEncode's `indices`: indices[position] =
-// value, outside [0, n) or not above indices[position - 1] = prev (-1 for
-// position 0); position -1 when every entry is valid.
-struct EncodeFault {
-  int64_t position = -1;
-  int64_t value = 0;
-  int64_t prev = 0;
-};
-
-// GolombEncode in two steps, so that the kernel can allocate the stream in
-// between: Size checks the k positions (strictly increasing, in [0, n)) and
-// sums the bits of their codes with parameter 2^b, keeping in the functor
-// object what Write needs besides its arguments (the CPU's block offsets,
-// the GPU's scratch); Write writes the stream of num_bits > 0 bits.
-template <typename Device, typename T>
-class GolombEncodeFunctor;
-
-// What GolombDecode found wrong (gpu::GolombDecodeError): `error` at code j;
-// `value` is position j, or its lower bound for kDecodeQuotientTooLarge.
-struct DecodeFault {
-  int64_t error = gpu::kDecodeOk;
-  int64_t j = 0;
-  int64_t value = 0;
-};
-
-// GolombDecode: decodes k > 0 positions, all below `limit`, from
-// encoded[num_bytes] into out[k], until the first fault.
-template <typename Device>
-struct GolombDecodeFunctor {
-  absl::Status operator()(OpKernelContext* ctx, const uint8_t* encoded,
-                          int64_t num_bytes, int64_t k, int b, int64_t limit,
-                          int32_t* out, DecodeFault* fault);
-};
-
 // ---------------------------------------------------------------------------
 // CPU functors.
 // ---------------------------------------------------------------------------
 
 template <typename T>
-class GolombEncodeFunctor<CPUDevice, T> {
+class GolombEncode<CPUDevice, T> {
  public:
   absl::Status Size(OpKernelContext* ctx, const T* idx, int64_t k, int64_t n,
                     int b, uint64_t* num_bits, EncodeFault* fault) {
@@ -153,7 +123,7 @@ class GolombEncodeFunctor<CPUDevice, T> {
 };
 
 template <>
-absl::Status GolombDecodeFunctor<CPUDevice>::operator()(
+absl::Status GolombDecode<CPUDevice>::operator()(
     OpKernelContext* /*ctx*/, const uint8_t* encoded, int64_t num_bytes,
     int64_t k, int b, int64_t limit, int32_t* out, DecodeFault* fault) {
   golomb::BitReader reader(encoded, num_bytes);
@@ -184,17 +154,17 @@ absl::Status GolombDecodeFunctor<CPUDevice>::operator()(
       reader.Skip(b);
     }
     if (reader.pos() > num_bits) {
-      *fault = {gpu::kDecodeTruncated, j, 0};
+      *fault = {golomb::kDecodeTruncated, j, 0};
       return absl::OkStatus();
     }
     if (q > max_q) {
-      *fault = {gpu::kDecodeQuotientTooLarge, j,
+      *fault = {golomb::kDecodeQuotientTooLarge, j,
                 prev + 1 + static_cast<int64_t>((max_q + 1) << b)};
       return absl::OkStatus();
     }
     const int64_t pos = prev + 1 + static_cast<int64_t>((q << b) | r);
     if (pos >= limit) {
-      *fault = {gpu::kDecodePositionTooLarge, j, pos};
+      *fault = {golomb::kDecodePositionTooLarge, j, pos};
       return absl::OkStatus();
     }
     out[j] = static_cast<int32_t>(pos);
@@ -205,17 +175,14 @@ absl::Status GolombDecodeFunctor<CPUDevice>::operator()(
 
 #if GOOGLE_CUDA
 // ---------------------------------------------------------------------------
-// GPU functors over the launchers of golomb_kernels.cu.cc. Unlike
-// TensorFlow's *_gpu.cu.cc functors they live here, in the TensorFlow glue:
-// the .cu.cc files are compiled without TensorFlow headers (the standalone
-// custom_ops/cuda_harness builds them too), so they export plain launchers.
-// Both launchers wait for the device's validity flags, so that the kernels
-// fail like the CPU ones, with the same messages; the encoder's size is
-// copied to the host before the kernel allocates the stream.
+// GPU functors over the launchers of golomb_gpu.h. Both launchers wait for
+// the device's validity flags, so that the kernels fail like the CPU ones,
+// with the same messages; the encoder's size is copied to the host before
+// the kernel allocates the stream.
 // ---------------------------------------------------------------------------
 
 template <typename T>
-class GolombEncodeFunctor<GPUDevice, T> {
+class GolombEncode<GPUDevice, T> {
  public:
   absl::Status Size(OpKernelContext* ctx, const T* idx, int64_t k, int64_t n,
                     int b, uint64_t* num_bits, EncodeFault* fault) {
@@ -223,9 +190,8 @@ class GolombEncodeFunctor<GPUDevice, T> {
         AllocateScratch(ctx, gpu::GolombEncodeScratchBytes(k), &scratch_));
     int64_t bits = 0;
     TF_RETURN_IF_ERROR(CudaStatus(
-        gpu::GolombEncodeSize(kInt64, idx, k, n, b, Scratch(), StreamOf(ctx),
-                              &bits, &fault->position, &fault->value,
-                              &fault->prev),
+        gpu::GolombEncodeSize(idx, k, n, b, Scratch(), StreamOf(ctx), &bits,
+                              &fault->position, &fault->value, &fault->prev),
         "EncodeSize"));
     *num_bits = static_cast<uint64_t>(bits);
     return absl::OkStatus();
@@ -237,21 +203,20 @@ class GolombEncodeFunctor<GPUDevice, T> {
     TF_RETURN_IF_ERROR(ctx->allocate_temp(
         tensorflow::DT_UINT32, TensorShape({(num_bits + 31) / 32}), &words));
     return CudaStatus(
-        gpu::GolombEncodeWrite(kInt64, idx, k, b, num_bits, Scratch(),
+        gpu::GolombEncodeWrite(idx, k, b, num_bits, Scratch(),
                                words.flat<uint32_t>().data(), out,
                                StreamOf(ctx)),
         "EncodeWrite");
   }
 
  private:
-  static constexpr bool kInt64 = std::is_same<T, int64_t>::value;
   void* Scratch() { return scratch_.flat<int8_t>().data(); }
 
   Tensor scratch_;  // the codes' bit offsets, from Size to Write
 };
 
 template <>
-absl::Status GolombDecodeFunctor<GPUDevice>::operator()(
+absl::Status GolombDecode<GPUDevice>::operator()(
     OpKernelContext* ctx, const uint8_t* encoded, int64_t num_bytes,
     int64_t k, int b, int64_t limit, int32_t* out, DecodeFault* fault) {
   Tensor scratch;
@@ -357,7 +322,7 @@ absl::Status ReadDecodeArgs(OpKernelContext* ctx, DecodeArgs* a) {
 
 // The error of what the decoder found wrong.
 absl::Status DecodeError(const DecodeArgs& a, const functor::DecodeFault& f) {
-  if (f.error == gpu::kDecodeTruncated) {
+  if (f.error == golomb::kDecodeTruncated) {
     return absl::InvalidArgumentError(absl::StrCat(
         "`encoded` (", a.num_bits, " bits) ends inside the code of position ",
         f.j, " of k=", a.k, " with b=", a.b,
@@ -365,7 +330,7 @@ absl::Status DecodeError(const DecodeArgs& a, const functor::DecodeFault& f) {
   }
   // Position j decodes to f.value (at least f.value when only a lower bound
   // of it is known) outside [0, limit).
-  const bool at_least = f.error == gpu::kDecodeQuotientTooLarge;
+  const bool at_least = f.error == golomb::kDecodeQuotientTooLarge;
   return absl::InvalidArgumentError(absl::StrCat(
       "Decoded position ", f.j, " of k=", a.k, " is ",
       at_least ? "at least " : "", f.value, ", outside [0, ", a.limit,
@@ -389,7 +354,7 @@ class GolombEncodeOp : public OpKernel {
     const Tensor& indices = ctx->input(0);
     const int64_t k = indices.NumElements();
     const T* idx = indices.flat<T>().data();
-    functor::GolombEncodeFunctor<Device, T> encode;
+    functor::GolombEncode<Device, T> encode;
     uint64_t total_bits = 0;
     functor::EncodeFault fault;
     OP_REQUIRES_OK(ctx, encode.Size(ctx, idx, k, n, b, &total_bits, &fault));
@@ -423,11 +388,11 @@ class GolombDecodeOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({a.k}), &out));
     if (a.k == 0) return;
     functor::DecodeFault fault;
-    OP_REQUIRES_OK(ctx, functor::GolombDecodeFunctor<Device>()(
+    OP_REQUIRES_OK(ctx, functor::GolombDecode<Device>()(
                             ctx, encoded.flat<uint8_t>().data(),
                             encoded.NumElements(), a.k, a.b, a.limit,
                             out->flat<int32_t>().data(), &fault));
-    OP_REQUIRES(ctx, fault.error == gpu::kDecodeOk, DecodeError(a, fault));
+    OP_REQUIRES(ctx, fault.error == golomb::kDecodeOk, DecodeError(a, fault));
   }
 };
 

@@ -1,8 +1,10 @@
 // Copyright 2026 The tfgc Authors.
 //
 // CUDA kernels of GolombEncode and GolombDecode (format in
-// golomb_kernels.h). No TensorFlow header: the TF glue (golomb_kernels.cc,
-// GOOGLE_CUDA) and custom_ops/cuda_harness/ link it as is.
+// golomb_common.h) and their launchers (golomb_gpu.h), the encoder's
+// instantiated for int32 and int64 indices. No TensorFlow header: the GPU
+// functors (golomb_kernels.cc, GOOGLE_CUDA) and custom_ops/cuda_harness/
+// link it as is.
 //
 // Encode: one thread per position, 256 positions per tile. A first kernel
 // checks the indices (any violation raises a flag) and sums the code
@@ -26,7 +28,8 @@
 #include <vector>
 
 #include "custom_ops/cc/kernels/cuda_launch.h"
-#include "custom_ops/cc/kernels/golomb_kernels.h"
+#include "custom_ops/cc/kernels/golomb_common.h"
+#include "custom_ops/cc/kernels/golomb_gpu.h"
 
 namespace tfgc {
 namespace gpu {
@@ -470,7 +473,7 @@ __global__ void DescribeErrorKernel(Stream st, const Entry* chunk_entry,
   });
   error[1] = j;
   if (zero + 1 + st.b > st.num_bits) {
-    error[0] = kDecodeTruncated;
+    error[0] = golomb::kDecodeTruncated;
     return;
   }
   // The code may start chunks earlier: its unary part q comes from the
@@ -480,10 +483,10 @@ __global__ void DescribeErrorKernel(Stream st, const Entry* chunk_entry,
   const uint64_t max_q = static_cast<uint64_t>(limit) >> st.b;
   const uint64_t gap = p1 - static_cast<uint64_t>(prev + 2);
   if (p1 == kShareCap || (gap >> st.b) > max_q) {
-    error[0] = kDecodeQuotientTooLarge;
+    error[0] = golomb::kDecodeQuotientTooLarge;
     error[2] = prev + 1 + static_cast<int64_t>((max_q + 1) << st.b);
   } else {
-    error[0] = kDecodePositionTooLarge;
+    error[0] = golomb::kDecodePositionTooLarge;
     error[2] = static_cast<int64_t>(p1 - 1);
   }
 }
@@ -523,10 +526,11 @@ int64_t GolombEncodeScratchBytes(int64_t k) {
   return (Tiles(k) + 2) * static_cast<int64_t>(sizeof(uint64_t));
 }
 
-int GolombEncodeSize(bool index_int64, const void* indices, int64_t k,
-                     int64_t n, int b, void* scratch, void* stream,
-                     int64_t* num_bits, int64_t* bad_position,
-                     int64_t* bad_value, int64_t* bad_prev) {
+template <typename Index>
+int GolombEncodeSize(const Index* indices, int64_t k, int64_t n, int b,
+                     void* scratch, void* stream, int64_t* num_bits,
+                     int64_t* bad_position, int64_t* bad_value,
+                     int64_t* bad_prev) {
   *num_bits = 0;
   *bad_position = -1;
   *bad_value = *bad_prev = 0;
@@ -534,19 +538,16 @@ int GolombEncodeSize(bool index_int64, const void* indices, int64_t k,
     return static_cast<int>(cudaErrorInvalidValue);
   }
   if (k == 0) return 0;
-  auto s = static_cast<cudaStream_t>(stream);
-  const cudaError_t err =
-      index_int64
-          ? EncodeSize(static_cast<const int64_t*>(indices), k, n, b, scratch,
-                       s, num_bits, bad_position, bad_value, bad_prev)
-          : EncodeSize(static_cast<const int32_t*>(indices), k, n, b, scratch,
-                       s, num_bits, bad_position, bad_value, bad_prev);
-  return static_cast<int>(err);
+  return static_cast<int>(EncodeSize(indices, k, n, b, scratch,
+                                     static_cast<cudaStream_t>(stream),
+                                     num_bits, bad_position, bad_value,
+                                     bad_prev));
 }
 
-int GolombEncodeWrite(bool index_int64, const void* indices, int64_t k,
-                      int b, int64_t num_bits, const void* scratch,
-                      uint32_t* words, uint8_t* out, void* stream) {
+template <typename Index>
+int GolombEncodeWrite(const Index* indices, int64_t k, int b,
+                      int64_t num_bits, const void* scratch, uint32_t* words,
+                      uint8_t* out, void* stream) {
   if (k == 0 || num_bits == 0) return 0;
   auto s = static_cast<cudaStream_t>(stream);
   const int64_t num_words = (num_bits + 31) / 32;
@@ -555,15 +556,8 @@ int GolombEncodeWrite(bool index_int64, const void* indices, int64_t k,
   const auto* offsets = static_cast<const uint64_t*>(scratch);
   const int64_t tiles = Tiles(k);
   const int grid = StrideGridFor(tiles * kThreads, kThreads);
-  if (index_int64) {
-    LaunchKernel(WriteKernel<int64_t>, grid, kThreads, 0, s,
-                 static_cast<const int64_t*>(indices), k, tiles, b, offsets,
-                 words);
-  } else {
-    LaunchKernel(WriteKernel<int32_t>, grid, kThreads, 0, s,
-                 static_cast<const int32_t*>(indices), k, tiles, b, offsets,
-                 words);
-  }
+  LaunchKernel(WriteKernel<Index>, grid, kThreads, 0, s, indices, k, tiles,
+               b, offsets, words);
   err = cudaGetLastError();
   if (err != cudaSuccess) return static_cast<int>(err);
   return static_cast<int>(cudaMemcpyAsync(out, words, (num_bits + 7) / 8,
@@ -583,7 +577,7 @@ int64_t GolombDecodeScratchBytes(int64_t num_bytes, int b) {
 int GolombDecode(const uint8_t* encoded, int64_t num_bytes, int64_t k, int b,
                  int64_t limit, int32_t* out, void* scratch, void* stream,
                  int64_t* error) {
-  error[0] = kDecodeOk;
+  error[0] = golomb::kDecodeOk;
   error[1] = error[2] = 0;
   if (b < 0 || b > golomb::kMaxB || limit < 0 || num_bytes < 0) {
     return static_cast<int>(cudaErrorInvalidValue);
@@ -632,6 +626,19 @@ int GolombDecode(const uint8_t* encoded, int64_t num_bytes, int64_t k, int b,
   if (err == cudaSuccess) err = cudaStreamSynchronize(s);
   return static_cast<int>(err);
 }
+
+// The encoder's launchers of golomb_gpu.h for each index type.
+#define TFGC_INSTANTIATE_GOLOMB(Index)                                      \
+  template int GolombEncodeSize(const Index*, int64_t, int64_t, int, void*, \
+                                void*, int64_t*, int64_t*, int64_t*,        \
+                                int64_t*);                                  \
+  template int GolombEncodeWrite(const Index*, int64_t, int, int64_t,       \
+                                 const void*, uint32_t*, uint8_t*, void*);
+
+TFGC_INSTANTIATE_GOLOMB(int32_t)
+TFGC_INSTANTIATE_GOLOMB(int64_t)
+
+#undef TFGC_INSTANTIATE_GOLOMB
 
 }  // namespace gpu
 }  // namespace tfgc

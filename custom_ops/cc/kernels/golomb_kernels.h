@@ -1,209 +1,68 @@
 // Copyright 2026 The tfgc Authors.
 //
-// GolombEncode / GolombDecode: Golomb-Rice coding of sorted, unique positions
-// (SBC position coding, docs/algorithms.md). This header holds the bit
-// format shared by the CPU kernels and any other implementation; it includes
-// no TensorFlow header.
-//
-// Format (the pure-TF reference in tfgc/ops/golomb.py writes the same bytes):
-//   gap_0 = idx_0, gap_j = idx_j - idx_{j-1} - 1 (every gap >= 0).
-//   Each gap is coded with parameter M = 2^b as
-//     q = gap >> b one bits, one zero bit, then r = gap & (M - 1) in b bits,
-//     most significant bit first.
-//   Bit i of the stream is bit 7 - (i % 8) of byte i / 8 (MSB first); the
-//   last byte is padded with zero bits.
+// The functors of Tfgc>GolombEncode and Tfgc>GolombDecode (kernel_utils.h
+// describes the layout): the CPU specialisations in golomb_kernels.cc, the
+// GPU ones over the launchers of golomb_gpu.h. The bit format is
+// golomb_common.h's.
 
 #ifndef TFGC_CUSTOM_OPS_CC_KERNELS_GOLOMB_KERNELS_H_
 #define TFGC_CUSTOM_OPS_CC_KERNELS_GOLOMB_KERNELS_H_
 
 #include <cstdint>
-#include <cstring>
+
+#include "absl/status/status.h"
+#include "custom_ops/cc/kernels/golomb_common.h"
+#include "custom_ops/cc/kernels/kernel_utils.h"
 
 namespace tfgc {
-namespace golomb {
+namespace functor {
 
-constexpr int kMaxB = 31;
+// The first invalid entry of GolombEncode's `indices`: indices[position] =
+// value, outside [0, n) or not above indices[position - 1] = prev (-1 for
+// position 0); position -1 when every entry is valid.
+struct EncodeFault {
+  int64_t position = -1;
+  int64_t value = 0;
+  int64_t prev = 0;
+};
 
-// The word loads and stores below byte-swap: little-endian hosts only.
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "golomb_kernels.h assumes a little-endian host");
-
-// Bits of the code of `gap` with parameter 2^b.
-inline uint64_t CodeBits(uint64_t gap, int b) {
-  return (gap >> b) + 1 + static_cast<uint64_t>(b);
-}
-
-// Writes bits MSB first from an absolute bit offset, 32 bits at a time.
-// Bytes go to out[pos] except the byte at index `shared_byte`, which goes to
-// *shared_slot (the byte shared with the writer of the preceding block, to
-// be OR-ed in later); -1 for none.
-class BitWriter {
+// GolombEncode of Index (int32_t or int64_t) positions, in two steps, so
+// that the op kernel can allocate the stream in between. The functor
+// object keeps what Write needs besides its arguments (the CPU's block
+// offsets, the GPU's scratch), from Size to Write. Each device specialises
+// the whole class template; the primary template is the interface.
+template <typename Device, typename Index>
+class GolombEncode {
  public:
-  BitWriter(uint8_t* out, int64_t bit_offset, int64_t shared_byte,
-            uint8_t* shared_slot)
-      : out_(out),
-        pos_(bit_offset >> 3),
-        fill_(static_cast<int>(bit_offset & 7)),
-        shared_byte_(shared_byte),
-        shared_slot_(shared_slot) {}
+  // Checks the k positions (strictly increasing, in [0, n)), setting
+  // *fault to the first invalid one, and sums the bits of their codes with
+  // parameter 2^b.
+  absl::Status Size(OpKernelContext* ctx, const Index* indices, int64_t k,
+                    int64_t n, int b, uint64_t* num_bits, EncodeFault* fault);
 
-  // Appends the low `len` bits of `value` (len <= 32, value < 2^len).
-  void Put(uint64_t value, int len) {
-    acc_ = (acc_ << len) | value;
-    fill_ += len;
-    if (fill_ >= 32) {
-      fill_ -= 32;
-      const uint32_t word = static_cast<uint32_t>(acc_ >> fill_);
-      if (pos_ == shared_byte_) {
-        *shared_slot_ = static_cast<uint8_t>(word >> 24);
-        for (int i = 1; i < 4; ++i) {
-          out_[pos_ + i] = static_cast<uint8_t>(word >> (24 - 8 * i));
-        }
-      } else {
-        const uint32_t big_endian = __builtin_bswap32(word);
-        std::memcpy(out_ + pos_, &big_endian, 4);
-      }
-      pos_ += 4;
-    }
-  }
-
-  // Appends the code of `gap`: q ones, a zero, then the b-bit remainder.
-  void PutCode(uint64_t gap, int b) {
-    uint64_t q = gap >> b;
-    while (q >= 32) {
-      Put(0xFFFFFFFFu, 32);
-      q -= 32;
-    }
-    // q ones and the terminating zero: q + 1 <= 32 bits.
-    Put(((uint64_t{1} << q) - 1) << 1, static_cast<int>(q) + 1);
-    if (b > 0) Put(gap & ((uint64_t{1} << b) - 1), b);
-  }
-
-  // Writes the remaining bits, the last byte padded with zero bits.
-  void Flush() {
-    while (fill_ > 0) {
-      const int take = fill_ < 8 ? fill_ : 8;
-      fill_ -= take;
-      const uint8_t byte =
-          static_cast<uint8_t>(((acc_ >> fill_) << (8 - take)) & 0xFF);
-      if (pos_ == shared_byte_) {
-        *shared_slot_ = byte;
-      } else {
-        out_[pos_] = byte;
-      }
-      ++pos_;
-    }
-  }
-
- private:
-  uint8_t* out_;
-  int64_t pos_;
-  int fill_;
-  int64_t shared_byte_;
-  uint8_t* shared_slot_;
-  uint64_t acc_ = 0;
+  // Writes the stream of num_bits > 0 bits to out[ceil(num_bits / 8)].
+  absl::Status Write(OpKernelContext* ctx, const Index* indices, int64_t k,
+                     int b, int64_t num_bits, uint8_t* out);
 };
 
-// Reads bits MSB first; bits past the end read as zero.
-class BitReader {
- public:
-  BitReader(const uint8_t* data, int64_t num_bytes)
-      : data_(data), num_bytes_(num_bytes), num_bits_(num_bytes * 8) {}
-
-  int64_t pos() const { return pos_; }
-  int64_t num_bits() const { return num_bits_; }
-  void Skip(int64_t bits) { pos_ += bits; }
-
-  // The 64 bits from the current position, the first one in bit 63.
-  uint64_t Peek() const {
-    const int64_t byte = pos_ >> 3;
-    const int off = static_cast<int>(pos_ & 7);
-    uint64_t w = 0;
-    if (byte + 9 <= num_bytes_) {
-      std::memcpy(&w, data_ + byte, 8);
-      w = __builtin_bswap64(w);
-      if (off > 0) w = (w << off) | (data_[byte + 8] >> (8 - off));
-      return w;
-    }
-    for (int i = 0; i < 9; ++i) {
-      const int64_t at = byte + i;
-      const uint64_t v = at < num_bytes_ ? data_[at] : 0;
-      if (i < 8) {
-        w = (w << 8) | v;
-      } else if (off > 0) {
-        w = (w << off) | (v >> (8 - off));
-      }
-    }
-    return w;
-  }
-
- private:
-  const uint8_t* data_;
-  int64_t num_bytes_;
-  int64_t num_bits_;
-  int64_t pos_ = 0;
+// What GolombDecode found wrong (golomb::DecodeError): `error` at code j;
+// `value` is position j, or its lower bound for kDecodeQuotientTooLarge.
+struct DecodeFault {
+  int64_t error = golomb::kDecodeOk;
+  int64_t j = 0;
+  int64_t value = 0;
 };
 
-// Number of leading one bits of w (64 when all are set).
-inline int LeadingOnes(uint64_t w) {
-  const uint64_t inv = ~w;
-  return inv == 0 ? 64 : __builtin_clzll(inv);
-}
-
-}  // namespace golomb
-
-namespace gpu {
-
-// CUDA launchers (golomb_kernels.cu.cc). Device pointers unless said
-// otherwise; `stream` is a cudaStream_t; `index_int64` says whether the
-// indices are int64 (else int32). Return a cudaError_t value (0 is success).
-
-// Bytes of the device scratch GolombEncodeSize/Write need for k positions.
-int64_t GolombEncodeScratchBytes(int64_t k);
-
-// Checks the k indices (strictly increasing, in [0, n)) and sizes their
-// codes; blocks until the stream is done. Host outputs: *bad_position is -1
-// or the first invalid j, with *bad_value = indices[j] and *bad_prev =
-// indices[j - 1] (-1 for j = 0); when valid, *num_bits is the stream length
-// (saturated near 2^62, far above any stream the ops accept) and the
-// scratch holds the bit offsets GolombEncodeWrite reads.
-int GolombEncodeSize(bool index_int64, const void* indices, int64_t k,
-                     int64_t n, int b, void* scratch, void* stream,
-                     int64_t* num_bits, int64_t* bad_position,
-                     int64_t* bad_value, int64_t* bad_prev);
-
-// Writes the stream sized by the last GolombEncodeSize of these indices
-// into `out` (ceil(num_bits / 8) bytes), through `words`, device scratch of
-// ceil(num_bits / 32) uint32 words.
-int GolombEncodeWrite(bool index_int64, const void* indices, int64_t k,
-                      int b, int64_t num_bits, const void* scratch,
-                      uint32_t* words, uint8_t* out, void* stream);
-
-// What GolombDecode found wrong: none, a code running past the stream, a
-// unary part above (limit >> b), a position >= limit.
-enum GolombDecodeError : int64_t {
-  kDecodeOk = 0,
-  kDecodeTruncated = 1,
-  kDecodeQuotientTooLarge = 2,
-  kDecodePositionTooLarge = 3,
+// GolombDecode: decodes k > 0 positions, all below `limit`, from
+// encoded[num_bytes] into out[k], until the first fault.
+template <typename Device>
+struct GolombDecode {
+  absl::Status operator()(OpKernelContext* ctx, const uint8_t* encoded,
+                          int64_t num_bytes, int64_t k, int b, int64_t limit,
+                          int32_t* out, DecodeFault* fault);
 };
 
-// Bytes of the device scratch GolombDecode needs for a stream of num_bytes
-// bytes coded with parameter 2^b.
-int64_t GolombDecodeScratchBytes(int64_t num_bytes, int b);
-
-// Decodes k positions (all < limit, limit <= 2^31) from num_bytes bytes
-// into out[k], in parallel over chunks of the stream (golomb_kernels.cu.cc
-// says how). Blocks until the stream is done and sets the host array
-// error[3] = {GolombDecodeError, code j, value} for the first bad code, as
-// the CPU kernel finds it: the value is the lower bound of position j for
-// kDecodeQuotientTooLarge and position j for kDecodePositionTooLarge (the
-// CPU kernel's messages). out[i] is written for every i below that j.
-int GolombDecode(const uint8_t* encoded, int64_t num_bytes, int64_t k, int b,
-                 int64_t limit, int32_t* out, void* scratch, void* stream,
-                 int64_t* error);
-
-}  // namespace gpu
+}  // namespace functor
 }  // namespace tfgc
 
 #endif  // TFGC_CUSTOM_OPS_CC_KERNELS_GOLOMB_KERNELS_H_

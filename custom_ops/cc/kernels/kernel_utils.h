@@ -1,9 +1,32 @@
 // Copyright 2026 The tfgc Authors.
 //
 // The TensorFlow names every kernel file (*_kernels.cc) uses, the devices
-// their op kernels and functors are templated on, and the checks and error
-// messages several ops share. Depends on TensorFlow: not for the headers that
-// the CUDA sources (*.cu.cc) and custom_ops/cuda_harness include.
+// their op kernels and functors are templated on, the checks and error
+// messages several ops share, and the glue of the GPU functors. Depends on
+// TensorFlow: not for the headers that the CUDA sources (*.cu.cc) and
+// custom_ops/cuda_harness include.
+//
+// How the kernels are laid out. As in TensorFlow's own kernels (topk_op.h,
+// topk_op_gpu.h), each op's header <op>_kernels.h declares typed functors,
+// functor::X<Device, T>; one OpKernel per op, templated on the device,
+// validates the inputs (OP_REQUIRES, with the values in the messages),
+// allocates the outputs and calls the functor. <op>_kernels.cc defines the
+// CPU specialisations, the op kernels and their registrations.
+//
+// The GPU side differs in one way. TensorFlow defines functor::X<GPUDevice,
+// T> in .cu.cc files that nvcc compiles with TensorFlow's headers. tfgc's
+// <op>_kernels.cu.cc include no TensorFlow header, so that the CUDA harness
+// builds the very same files with nvcc alone on a GPU machine without
+// TensorFlow, or as C++ on its CPU emulation of CUDA, and so that nvcc
+// never parses TensorFlow's and Eigen's headers (custom_ops/build.py
+// compile-checks them with whatever nvcc is at hand). So the typed device
+// code ends in typed launchers, gpu::X<T>(const T*, ...), declared in
+// <op>_gpu.h (TensorFlow- and CUDA-free) and explicitly instantiated in
+// <op>_kernels.cu.cc for float, __half and __nv_bfloat16, and
+// functor::X<GPUDevice, T> is a thin layer in <op>_kernels.cc, under
+// GOOGLE_CUDA: it maps Eigen::half and Eigen::bfloat16 to the CUDA types of
+// the same bits (CudaType below), takes the stream and the scratch from
+// TensorFlow and turns a launcher's cudaError_t into a Status.
 
 #ifndef TFGC_CUSTOM_OPS_CC_KERNELS_KERNEL_UTILS_H_
 #define TFGC_CUSTOM_OPS_CC_KERNELS_KERNEL_UTILS_H_
@@ -14,6 +37,12 @@
 #if GOOGLE_CUDA
 #define EIGEN_USE_GPU  // Eigen::GpuDevice, before anything includes Eigen
 #include "unsupported/Eigen/CXX11/Tensor"
+
+// The 16-bit element types of the CUDA launchers, declared as cuda_fp16.h
+// declares __half: the glue only passes pointers to them, and their headers
+// need CUDA's libcu++, which the CUDA runtime's headers alone lack.
+struct __half;
+struct __nv_bfloat16;
 #endif  // GOOGLE_CUDA
 
 #include "absl/status/status.h"
@@ -33,8 +62,8 @@ using tensorflow::Tensor;
 using tensorflow::TensorShape;
 using tensorflow::TensorShapeUtils;
 
-// The devices of the op kernels and of their functors (functor::XxxFunctor<
-// Device, ...>), as in TensorFlow's own kernels.
+// The devices of the op kernels and of their functors (functor::X<Device,
+// ...>), as in TensorFlow's own kernels.
 using CPUDevice = Eigen::ThreadPoolDevice;
 using GPUDevice = Eigen::GpuDevice;
 
@@ -61,19 +90,38 @@ inline absl::Status IndexOutOfRange(int64_t position, int64_t index,
                    position, "]=", index, " with n=", n));
 }
 
-// The element-type code the CUDA launchers take: 0 float, 1 half,
-// 2 bfloat16 (gpu::DType of top_k_sample_kernels.h).
+#if GOOGLE_CUDA
+// The element type of the CUDA launchers for T: Eigen::half and
+// Eigen::bfloat16 have the bits of __half and __nv_bfloat16 (IEEE binary16
+// and bfloat16 in two bytes, two-byte aligned; cuda_float.h checks the CUDA
+// side), so their buffers are passed as such (ToCuda).
 template <typename T>
-constexpr int GpuDType() {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, Eigen::half> ||
-                    std::is_same_v<T, Eigen::bfloat16>,
+struct CudaType {
+  static_assert(std::is_same_v<T, float>,
                 "the CUDA kernels take float, half and bfloat16");
-  if constexpr (std::is_same_v<T, float>) return 0;
-  if constexpr (std::is_same_v<T, Eigen::half>) return 1;
-  return 2;
+  using type = float;
+};
+template <>
+struct CudaType<Eigen::half> {
+  using type = __half;
+};
+template <>
+struct CudaType<Eigen::bfloat16> {
+  using type = __nv_bfloat16;
+};
+static_assert(sizeof(Eigen::half) == 2 && alignof(Eigen::half) == 2,
+              "Eigen::half must have the layout of __half");
+static_assert(sizeof(Eigen::bfloat16) == 2 && alignof(Eigen::bfloat16) == 2,
+              "Eigen::bfloat16 must have the layout of __nv_bfloat16");
+
+// A buffer of T (const or not) as the launchers' element type.
+template <typename T>
+auto* ToCuda(T* p) {
+  using Cuda = typename CudaType<std::remove_const_t<T>>::type;
+  return reinterpret_cast<
+      std::conditional_t<std::is_const_v<T>, const Cuda, Cuda>*>(p);
 }
 
-#if GOOGLE_CUDA
 // The status of a CUDA launcher's result (a cudaError_t value, 0 success).
 inline absl::Status CudaStatus(int err, const char* launcher) {
   if (err == 0) return absl::OkStatus();

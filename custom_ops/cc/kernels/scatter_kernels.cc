@@ -2,8 +2,8 @@
 //
 // The op kernel of ScatterAddSum, templated on the device: it validates the
 // inputs, allocates the output and reports the first index out of range
-// that functor::ScatterAddSumFunctor finds. Under GOOGLE_CUDA the GPU
-// functor calls the launcher of scatter_kernels.cu.cc.
+// that functor::ScatterAddSum (scatter_kernels.h) finds. Under GOOGLE_CUDA
+// the GPU functor calls the launcher of scatter_gpu.h.
 //
 // The CPU functor cuts the output into tiles of kScatterTile elements. Three
 // passes: count the values per (input chunk, tile) while checking the
@@ -29,6 +29,10 @@
 #include "custom_ops/cc/kernels/kernel_utils.h"
 #include "custom_ops/cc/kernels/parallel.h"
 #include "custom_ops/cc/kernels/scatter_kernels.h"
+
+#if GOOGLE_CUDA
+#include "custom_ops/cc/kernels/scatter_gpu.h"
+#endif  // GOOGLE_CUDA
 
 namespace tfgc {
 namespace {
@@ -72,20 +76,8 @@ void SumTile(const ScatterEntry* e, const ScatterEntry* e_end, int64_t len,
 
 namespace functor {
 
-// out[j] = the float32 sum, in input order from +0, of values[i] over every
-// i with indices[i] == j, rounded once to T; out has n elements. When an
-// index is outside [0, n), sets *bad_position to the lowest such i and
-// *bad_index to indices[i] (out is then not computed), else *bad_position
-// to -1.
-template <typename Device, typename T>
-struct ScatterAddSumFunctor {
-  absl::Status operator()(OpKernelContext* ctx, const T* values,
-                          const int32_t* indices, int64_t m, int64_t n,
-                          T* out, int64_t* bad_position, int32_t* bad_index);
-};
-
 template <typename T>
-struct ScatterAddSumFunctor<CPUDevice, T> {
+struct ScatterAddSum<CPUDevice, T> {
   absl::Status operator()(OpKernelContext* ctx, const T* v,
                           const int32_t* idx, int64_t m, int64_t n, T* dst,
                           int64_t* bad_position, int32_t* bad_index) {
@@ -170,11 +162,9 @@ struct ScatterAddSumFunctor<CPUDevice, T> {
 };
 
 #if GOOGLE_CUDA
-// The GPU functor lives here, in the TensorFlow glue, not in a .cu.cc as in
-// TensorFlow: scatter_kernels.cu.cc is compiled without TensorFlow headers
-// (custom_ops/cuda_harness builds it alone), so it exports a plain launcher.
+// The launcher of scatter_gpu.h, with a scratch from TensorFlow's allocator.
 template <typename T>
-struct ScatterAddSumFunctor<GPUDevice, T> {
+struct ScatterAddSum<GPUDevice, T> {
   absl::Status operator()(OpKernelContext* ctx, const T* values,
                           const int32_t* indices, int64_t m, int64_t n,
                           T* out, int64_t* bad_position, int32_t* bad_index) {
@@ -182,7 +172,7 @@ struct ScatterAddSumFunctor<GPUDevice, T> {
     TF_RETURN_IF_ERROR(
         AllocateScratch(ctx, gpu::ScatterAddSumScratchBytes(m), &scratch));
     return CudaStatus(
-        gpu::ScatterAddSum(GpuDType<T>(), values, indices, m, n, out,
+        gpu::ScatterAddSum(ToCuda(values), indices, m, n, ToCuda(out),
                            scratch.flat<int8_t>().data(), StreamOf(ctx),
                            bad_position, bad_index),
         "ScatterAddSum");
@@ -237,7 +227,7 @@ class ScatterAddSumOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &out));
     int64_t bad_position = -1;
     int32_t bad_index = 0;
-    OP_REQUIRES_OK(ctx, (functor::ScatterAddSumFunctor<Device, T>()(
+    OP_REQUIRES_OK(ctx, (functor::ScatterAddSum<Device, T>()(
                             ctx, values.flat<T>().data(),
                             indices.flat<int32_t>().data(),
                             values.dim_size(0), n, out->flat<T>().data(),

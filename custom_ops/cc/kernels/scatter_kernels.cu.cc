@@ -1,7 +1,9 @@
 // Copyright 2026 The tfgc Authors.
 //
-// CUDA kernel of ScatterAddSum. No TensorFlow header: the TF glue
-// (scatter_kernels.cc, GOOGLE_CUDA) links it as is.
+// CUDA kernel of ScatterAddSum and its launcher (scatter_gpu.h),
+// instantiated for float, __half and __nv_bfloat16. No TensorFlow header:
+// the GPU functor (scatter_kernels.cc, GOOGLE_CUDA) and
+// custom_ops/cuda_harness/ link it as is.
 //
 // Deterministic, with no floating-point atomics: values sent to the same
 // element by several workers must add up to the same bits on every worker
@@ -30,7 +32,7 @@
 
 #include "custom_ops/cc/kernels/cuda_float.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
-#include "custom_ops/cc/kernels/scatter_kernels.h"
+#include "custom_ops/cc/kernels/scatter_gpu.h"
 
 namespace tfgc {
 namespace gpu {
@@ -269,8 +271,8 @@ cudaError_t Sum(const T* values, const int32_t* indices, int64_t m,
 }
 
 template <typename T>
-cudaError_t Run(const void* values, const int32_t* indices, int64_t m,
-                int64_t n, void* out, void* scratch, cudaStream_t s,
+cudaError_t Run(const T* values, const int32_t* indices, int64_t m,
+                int64_t n, T* out, void* scratch, cudaStream_t s,
                 int64_t* bad_position, int32_t* bad_index) {
   // Elements no index points to are +0 (zero bits in all three types).
   cudaError_t err = cudaSuccess;
@@ -295,8 +297,7 @@ cudaError_t Run(const void* values, const int32_t* indices, int64_t m,
   if (host_bad != 0) {
     return FindBadIndex(indices, m, n, s, bad_position, bad_index);
   }
-  return Sum(static_cast<const T*>(values), indices, m, n,
-             static_cast<T*>(out), scr, blocks, s);
+  return Sum(values, indices, m, n, out, scr, blocks, s);
 }
 
 }  // namespace
@@ -311,30 +312,26 @@ int64_t ScatterAddSumScratchBytes(int64_t m) {
          2 * m * static_cast<int64_t>(sizeof(uint32_t) + sizeof(float));
 }
 
-int ScatterAddSum(int dtype, const void* values, const int32_t* indices,
-                  int64_t m, int64_t n, void* out, void* scratch,
-                  void* stream, int64_t* bad_position, int32_t* bad_index) {
+template <typename T>
+int ScatterAddSum(const T* values, const int32_t* indices, int64_t m,
+                  int64_t n, T* out, void* scratch, void* stream,
+                  int64_t* bad_position, int32_t* bad_index) {
   *bad_position = -1;
-  auto s = static_cast<cudaStream_t>(stream);
-  cudaError_t err;
-  switch (dtype) {
-    case 0:
-      err = Run<float>(values, indices, m, n, out, scratch, s, bad_position,
-                       bad_index);
-      break;
-    case 1:
-      err = Run<__half>(values, indices, m, n, out, scratch, s, bad_position,
-                        bad_index);
-      break;
-    case 2:
-      err = Run<__nv_bfloat16>(values, indices, m, n, out, scratch, s,
-                               bad_position, bad_index);
-      break;
-    default:
-      return static_cast<int>(cudaErrorInvalidValue);
-  }
-  return static_cast<int>(err);
+  return static_cast<int>(Run(values, indices, m, n, out, scratch,
+                              static_cast<cudaStream_t>(stream),
+                              bad_position, bad_index));
 }
+
+// The launcher of scatter_gpu.h for each element type.
+#define TFGC_INSTANTIATE_SCATTER(T)                                         \
+  template int ScatterAddSum(const T*, const int32_t*, int64_t, int64_t, T*, \
+                             void*, void*, int64_t*, int32_t*);
+
+TFGC_INSTANTIATE_SCATTER(float)
+TFGC_INSTANTIATE_SCATTER(__half)
+TFGC_INSTANTIATE_SCATTER(__nv_bfloat16)
+
+#undef TFGC_INSTANTIATE_SCATTER
 
 }  // namespace gpu
 }  // namespace tfgc

@@ -7,7 +7,7 @@
 // the order statistics, the plan and the writing of the selection (its file
 // comment describes the algorithm). Their templates are instantiated there
 // for float, Eigen::half and Eigen::bfloat16. Depends on TensorFlow, unlike
-// top_k_sample_kernels.h.
+// top_k_sample_common.h.
 
 #ifndef TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_CPU_H_
 #define TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_CPU_H_
@@ -21,27 +21,10 @@
 
 #include "absl/status/status.h"
 #include "custom_ops/cc/kernels/kernel_utils.h"
+#include "custom_ops/cc/kernels/top_k_sample_common.h"
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
 
 namespace tfgc {
-
-// The data selected from: x itself, or acc = gradient + residual (added in
-// T, as TensorFlow adds), which the first pass writes to `acc`. The input
-// of both devices' functors.
-template <typename T>
-struct TopKSampleInput {
-  const T* x;                   // x, or the gradient
-  const T* residual = nullptr;  // null for TopKSample
-  T* acc = nullptr;             // acc's storage (null for TopKSample)
-  int64_t n = 0;
-
-  T operator[](int64_t i) const {
-    return residual == nullptr ? x[i] : static_cast<T>(x[i] + residual[i]);
-  }
-  // The data, once the first pass wrote acc.
-  const T* data() const { return residual == nullptr ? x : acc; }
-};
-
 namespace cpu {
 
 // The key of the header of an element of type T (float16 and bfloat16
@@ -183,7 +166,7 @@ class CandidateCache {
   std::unique_ptr<Candidates> kept_;
 };
 
-// The statistics of the definitions in top_k_sample_kernels.h.
+// The statistics of the definitions in top_k_sample_common.h.
 struct Stats {
   float mean = 0.0f;
   float max = 0.0f;

@@ -21,7 +21,7 @@
 #include "custom_ops/cc/kernels/parallel.h"
 #include "custom_ops/cc/kernels/simd.h"
 #include "custom_ops/cc/kernels/top_k_sample_cpu.h"
-#include "custom_ops/cc/kernels/top_k_sample_kernels.h"
+#include "custom_ops/cc/kernels/top_k_sample_common.h"
 
 namespace tfgc {
 namespace cpu {

@@ -2,13 +2,13 @@
 //
 // The op kernels of Tfgc>TopKSample and Tfgc>TopKSampleWithResidual, one
 // class template over the device: it validates the attributes and inputs,
-// allocates the outputs and has functor::TopKSampleFunctor<Device, T> plan
-// and write the selection. The CPU functor runs the selection of
-// top_k_sample_cpu.h; under GOOGLE_CUDA the GPU functor calls the launchers
-// of top_k_sample_kernels.cu.cc. The segmented ops (Tfgc>TopKSampleSegments
-// and ...WithResidual) follow the same pattern with
-// functor::TopKSampleSegmentsFunctor<Device, T>: on the CPU one selection
-// per segment in turn, on the GPU the segmented launchers (one plan, one
+// allocates the outputs and has functor::TopKSample<Device, T>
+// (top_k_sample_kernels.h) plan and write the selection. The CPU functor
+// runs the selection of top_k_sample_cpu.h; under GOOGLE_CUDA the GPU
+// functor calls the typed launchers of top_k_sample_gpu.h. The segmented
+// ops (Tfgc>TopKSampleSegments and ...WithResidual) follow the same pattern
+// with functor::TopKSampleSegments<Device, T>: on the CPU one selection per
+// segment in turn, on the GPU the segmented launchers (one plan, one
 // output-size read and one write for every segment at once).
 
 #define EIGEN_USE_THREADS
@@ -22,29 +22,25 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "custom_ops/cc/kernels/kernel_utils.h"
+#include "custom_ops/cc/kernels/top_k_sample_common.h"
 #include "custom_ops/cc/kernels/top_k_sample_cpu.h"
 #include "custom_ops/cc/kernels/top_k_sample_kernels.h"
+
+#if GOOGLE_CUDA
+#include "custom_ops/cc/kernels/top_k_sample_gpu.h"
+#endif  // GOOGLE_CUDA
 
 namespace tfgc {
 namespace functor {
 
-// A selection in two steps, so that the kernel can allocate the outputs in
-// between: Plan selects from `in` (0 <= k <= n; with a residual it first
-// writes acc = gradient + residual) and returns the number of selected
-// elements: k in mstopk and trimmed modes, data-dependent in threshold
-// mode. Write writes them (output_size > 0), values and int32 indices in
-// index order, and zeroes them in acc with a residual. The plan goes from
-// one step to the other in the functor object, one per Compute; `Cache` is
-// what the op kernel keeps for the functor between calls.
-template <typename Device, typename T>
-class TopKSampleFunctor;
-
+// The CPU selection of top_k_sample_cpu.h, its passes on the intra-op
+// thread pool.
 template <typename T>
-class TopKSampleFunctor<CPUDevice, T> {
+class TopKSample<CPUDevice, T> {
  public:
   using Cache = cpu::CandidateCache;  // the candidates' buffers
 
-  explicit TopKSampleFunctor(Cache* cache) : lease_(cache) {}
+  explicit TopKSample(Cache* cache) : lease_(cache) {}
 
   absl::Status Plan(OpKernelContext* ctx, const TopKSampleInput<T>& in,
                     int64_t k, TopKSampleMode mode, int rounds, int64_t seed,
@@ -64,21 +60,10 @@ class TopKSampleFunctor<CPUDevice, T> {
   SelectionPlan plan_;
 };
 
-// The segmented selection, in the same two steps: Plan selects in every
-// segment of the table (each as TopKSampleFunctor would on the segment
-// alone with its k and seed; with a residual it first writes acc over the
-// whole buffer) and writes each segment's output size to `sizes` (host
-// memory, one per segment); Write writes the selections one after another
-// in segment order (output_size > 0 entries in all), each segment's
-// indices counted from its start, and zeroes them in acc with a residual.
-// The table holds 0 <= k <= n < 2^31 per segment, segments contiguous.
-template <typename Device, typename T>
-class TopKSampleSegmentsFunctor;
-
 // The segment `seg` of `in`, as the input of a single selection.
 template <typename T>
 TopKSampleInput<T> SegmentOf(const TopKSampleInput<T>& in,
-                             const gpu::TopKSampleSegment& seg) {
+                             const TopKSampleSegment& seg) {
   TopKSampleInput<T> part{in.x + seg.offset, nullptr, nullptr, seg.n};
   if (in.residual != nullptr) {
     part.residual = in.residual + seg.offset;
@@ -94,17 +79,17 @@ TopKSampleInput<T> SegmentOf(const TopKSampleInput<T>& in,
 // writes each selection to buffers of its own and Write copies them (the
 // selections are small next to the input they are read from).
 template <typename T>
-class TopKSampleSegmentsFunctor<CPUDevice, T> {
+class TopKSampleSegments<CPUDevice, T> {
  public:
   using Cache = cpu::CandidateCache;
 
-  explicit TopKSampleSegmentsFunctor(Cache* cache) : lease_(cache) {}
+  explicit TopKSampleSegments(Cache* cache) : lease_(cache) {}
 
   absl::Status Plan(OpKernelContext* ctx, const TopKSampleInput<T>& in,
-                    const std::vector<gpu::TopKSampleSegment>& segments,
+                    const std::vector<TopKSampleSegment>& segments,
                     TopKSampleMode mode, int rounds, int64_t* sizes) {
     for (size_t s = 0; s < segments.size(); ++s) {
-      const gpu::TopKSampleSegment& seg = segments[s];
+      const TopKSampleSegment& seg = segments[s];
       const TopKSampleInput<T> part = SegmentOf(in, seg);
       const SelectionPlan plan = cpu::PlanSelection(
           ctx, part, seg.k, mode, rounds, seg.seed, lease_.get());
@@ -121,7 +106,7 @@ class TopKSampleSegmentsFunctor<CPUDevice, T> {
   }
 
   absl::Status Write(OpKernelContext* /*ctx*/, const TopKSampleInput<T>& /*in*/,
-                     const std::vector<gpu::TopKSampleSegment>& /*segments*/,
+                     const std::vector<TopKSampleSegment>& /*segments*/,
                      int64_t output_size, T* values, int32_t* indices) {
     if (output_size != static_cast<int64_t>(values_.size())) {
       return absl::InternalError(absl::StrCat(
@@ -140,18 +125,16 @@ class TopKSampleSegmentsFunctor<CPUDevice, T> {
 };
 
 #if GOOGLE_CUDA
-// The GPU functor lives here, in the TensorFlow glue, not in a .cu.cc file
-// as in TensorFlow: top_k_sample_kernels.cu.cc is compiled without
-// TensorFlow headers (custom_ops/cuda_harness builds it alone), so it
-// exports plain launchers. They plan and write the selection on the op's
-// stream; the host waits for the device only in threshold mode, whose
-// output size depends on the data (TopKSampleOutputSize).
+// The typed launchers of top_k_sample_gpu.h, which plan and write the
+// selection on the op's stream; the host waits for the device only in
+// threshold mode, whose output size depends on the data
+// (TopKSampleOutputSize).
 template <typename T>
-class TopKSampleFunctor<GPUDevice, T> {
+class TopKSample<GPUDevice, T> {
  public:
   struct Cache {};  // nothing is kept between calls
 
-  explicit TopKSampleFunctor(Cache* /*cache*/) {}
+  explicit TopKSample(Cache* /*cache*/) {}
 
   absl::Status Plan(OpKernelContext* ctx, const TopKSampleInput<T>& in,
                     int64_t k, TopKSampleMode mode, int rounds, int64_t seed,
@@ -159,15 +142,16 @@ class TopKSampleFunctor<GPUDevice, T> {
     void* stream = StreamOf(ctx);
     if (in.residual != nullptr) {
       TF_RETURN_IF_ERROR(CudaStatus(
-          gpu::AddResidual(kDType, in.x, in.residual, in.acc, in.n, stream),
+          gpu::AddResidual(ToCuda(in.x), ToCuda(in.residual), ToCuda(in.acc),
+                           in.n, stream),
           "AddResidual"));
     }
     TF_RETURN_IF_ERROR(
         AllocateScratch(ctx, gpu::TopKSampleScratchBytes(in.n), &scratch_));
-    TF_RETURN_IF_ERROR(CudaStatus(
-        gpu::TopKSamplePlan(kDType, in.data(), in.n, k, mode, rounds, seed,
-                            Scratch(), stream),
-        "TopKSamplePlan"));
+    TF_RETURN_IF_ERROR(
+        CudaStatus(gpu::TopKSamplePlan(ToCuda(in.data()), in.n, k, mode,
+                                       rounds, seed, Scratch(), stream),
+                   "TopKSamplePlan"));
     return CudaStatus(gpu::TopKSampleOutputSize(mode, in.n, k, Scratch(),
                                                 stream, output_size),
                       "TopKSampleOutputSize");
@@ -176,36 +160,37 @@ class TopKSampleFunctor<GPUDevice, T> {
   absl::Status Write(OpKernelContext* ctx, const TopKSampleInput<T>& in,
                      int64_t output_size, T* values, int32_t* indices) {
     return CudaStatus(
-        gpu::TopKSampleWrite(kDType, in.data(), in.n, output_size, values,
-                             indices, in.acc, Scratch(), StreamOf(ctx)),
+        gpu::TopKSampleWrite(ToCuda(in.data()), in.n, output_size,
+                             ToCuda(values), indices, ToCuda(in.acc),
+                             Scratch(), StreamOf(ctx)),
         "TopKSampleWrite");
   }
 
  private:
-  static constexpr gpu::DType kDType = static_cast<gpu::DType>(GpuDType<T>());
   void* Scratch() { return scratch_.flat<int8_t>().data(); }
 
   Tensor scratch_;  // the plan, from Plan to Write
 };
 
-// The segmented launchers (top_k_sample_kernels.h, "Segmented selection"):
-// one plan, one read of the output sizes and one write for all segments,
-// whatever their number. The host waits for the device only in threshold
-// mode, for all the sizes at once.
+// The segmented launchers of top_k_sample_gpu.h: one plan, one read of the
+// output sizes and one write for all segments, whatever their number. The
+// host waits for the device only in threshold mode, for all the sizes at
+// once.
 template <typename T>
-class TopKSampleSegmentsFunctor<GPUDevice, T> {
+class TopKSampleSegments<GPUDevice, T> {
  public:
   struct Cache {};  // nothing is kept between calls
 
-  explicit TopKSampleSegmentsFunctor(Cache* /*cache*/) {}
+  explicit TopKSampleSegments(Cache* /*cache*/) {}
 
   absl::Status Plan(OpKernelContext* ctx, const TopKSampleInput<T>& in,
-                    const std::vector<gpu::TopKSampleSegment>& segments,
+                    const std::vector<TopKSampleSegment>& segments,
                     TopKSampleMode mode, int rounds, int64_t* sizes) {
     void* stream = StreamOf(ctx);
     if (in.residual != nullptr) {
       TF_RETURN_IF_ERROR(CudaStatus(
-          gpu::AddResidual(kDType, in.x, in.residual, in.acc, in.n, stream),
+          gpu::AddResidual(ToCuda(in.x), ToCuda(in.residual), ToCuda(in.acc),
+                           in.n, stream),
           "AddResidual"));
     }
     const int count = static_cast<int>(segments.size());
@@ -216,7 +201,7 @@ class TopKSampleSegmentsFunctor<GPUDevice, T> {
     }
     TF_RETURN_IF_ERROR(AllocateScratch(ctx, bytes, &scratch_));
     TF_RETURN_IF_ERROR(CudaStatus(
-        gpu::TopKSampleSegmentsPlan(kDType, in.data(), segments.data(), count,
+        gpu::TopKSampleSegmentsPlan(ToCuda(in.data()), segments.data(), count,
                                     mode, rounds, Scratch(), stream),
         "TopKSampleSegmentsPlan"));
     return CudaStatus(
@@ -226,18 +211,17 @@ class TopKSampleSegmentsFunctor<GPUDevice, T> {
   }
 
   absl::Status Write(OpKernelContext* ctx, const TopKSampleInput<T>& in,
-                     const std::vector<gpu::TopKSampleSegment>& segments,
+                     const std::vector<TopKSampleSegment>& segments,
                      int64_t output_size, T* values, int32_t* indices) {
     return CudaStatus(
         gpu::TopKSampleSegmentsWrite(
-            kDType, in.data(), segments.data(),
-            static_cast<int>(segments.size()), output_size, values, indices,
-            in.acc, Scratch(), StreamOf(ctx)),
+            ToCuda(in.data()), segments.data(),
+            static_cast<int>(segments.size()), output_size, ToCuda(values),
+            indices, ToCuda(in.acc), Scratch(), StreamOf(ctx)),
         "TopKSampleSegmentsWrite");
   }
 
  private:
-  static constexpr gpu::DType kDType = static_cast<gpu::DType>(GpuDType<T>());
   void* Scratch() { return scratch_.flat<int8_t>().data(); }
 
   Tensor scratch_;  // the table and the plans, from Plan to Write
@@ -348,7 +332,7 @@ class TopKSampleOp : public OpKernel {
   }
 
  private:
-  using Functor = functor::TopKSampleFunctor<Device, T>;
+  using Functor = functor::TopKSample<Device, T>;
 
   TopKSampleMode mode_;
   int rounds_;
@@ -394,7 +378,7 @@ absl::Status CheckPerSegment(const Tensor& t, const char* name,
 template <typename Tk>
 absl::Status ReadSegments(const std::vector<int64_t>& sizes,
                           const Tensor& k_t, const Tensor& seeds_t,
-                          std::vector<gpu::TopKSampleSegment>* segments) {
+                          std::vector<TopKSampleSegment>* segments) {
   const auto count = static_cast<int64_t>(sizes.size());
   TF_RETURN_IF_ERROR(CheckPerSegment(k_t, "k", count));
   TF_RETURN_IF_ERROR(CheckPerSegment(seeds_t, "seeds", count));
@@ -403,7 +387,7 @@ absl::Status ReadSegments(const std::vector<int64_t>& sizes,
   segments->resize(count);
   int64_t offset = 0;
   for (int64_t i = 0; i < count; ++i) {
-    gpu::TopKSampleSegment& seg = (*segments)[i];
+    TopKSampleSegment& seg = (*segments)[i];
     seg.offset = offset;
     seg.n = sizes[i];
     seg.k = static_cast<int64_t>(k(i));
@@ -440,7 +424,7 @@ class TopKSampleSegmentsOp : public OpKernel {
                     "`segment_sizes` must add up to the number of elements "
                     "of `x`. Received: sum(segment_sizes)=",
                     total_, ", x.shape=", x.shape().DebugString())));
-    std::vector<gpu::TopKSampleSegment> segments;
+    std::vector<TopKSampleSegment> segments;
     OP_REQUIRES_OK(ctx, ReadSegments<Tk>(segment_sizes_,
                                          ctx->input(1 + extra),
                                          ctx->input(2 + extra), &segments));
@@ -479,7 +463,7 @@ class TopKSampleSegmentsOp : public OpKernel {
   }
 
  private:
-  using Functor = functor::TopKSampleSegmentsFunctor<Device, T>;
+  using Functor = functor::TopKSampleSegments<Device, T>;
 
   TopKSampleMode mode_;
   int rounds_;

@@ -1,8 +1,9 @@
 // Copyright 2026 The tfgc Authors.
 //
-// CUDA kernels of TopKSample. This file includes no TensorFlow header: the
-// TF glue (top_k_sample_kernels.cc, GOOGLE_CUDA) and the standalone harness
-// (custom_ops/cuda_harness/) both link it as is.
+// CUDA kernels of TopKSample and their typed launchers (top_k_sample_gpu.h),
+// instantiated for float, __half and __nv_bfloat16. This file includes no
+// TensorFlow header: the GPU functors (top_k_sample_kernels.cc, GOOGLE_CUDA)
+// and the CUDA harness (custom_ops/cuda_harness/) both link it as is.
 //
 // The whole selection runs on the stream it is given, with no host
 // synchronisation in mstopk and trimmed modes and one in threshold mode,
@@ -39,7 +40,7 @@
 // a host thread that flushes denormals changes a result. Grid sizes come
 // from the device's multiprocessor count and maximum grid size.
 //
-// Segments (issue 11): every kernel runs over a table of segments of one
+// Segments: every kernel runs over a table of segments of one
 // fused input, each with its own n, k and seed (mode and rounds shared),
 // in the same launches; the single-tensor launchers are the case of one
 // segment, passed by value instead of in a table. The stride kernels walk
@@ -60,12 +61,12 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "custom_ops/cc/kernels/cuda_float.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
-#include "custom_ops/cc/kernels/top_k_sample_kernels.h"
+#include "custom_ops/cc/kernels/top_k_sample_common.h"
+#include "custom_ops/cc/kernels/top_k_sample_gpu.h"
 
 namespace tfgc {
 namespace gpu {
@@ -734,20 +735,6 @@ __global__ void WriteKernel(const T* x, Segments segs,
   }
 }
 
-// Runs `body` with the element type of `dtype`.
-template <typename F>
-int Dispatch(DType dtype, F&& body) {
-  switch (dtype) {
-    case DType::kFloat:
-      return body(static_cast<float*>(nullptr));
-    case DType::kHalf:
-      return body(static_cast<__half*>(nullptr));
-    case DType::kBfloat16:
-      return body(static_cast<__nv_bfloat16*>(nullptr));
-  }
-  return static_cast<int>(cudaErrorInvalidValue);
-}
-
 // The ranks `mode` reads (those <= n): trimmed top-k the k-th largest key;
 // mstopk the (k+1)-th; the threshold search the (k+1)-th, the 2k-th and,
 // for its exact fallback, the k-th.
@@ -841,9 +828,8 @@ int SegmentGrid(int count) { return GridFor(count); }
 // asynchronous copy), last, in threshold mode, the output sizes and
 // offsets. No host synchronisation.
 template <typename T>
-int PlanTyped(const T* x, const HostSegments& h, const Layout& l,
-              TopKSampleMode mode, int rounds, char* scratch,
-              cudaStream_t s) {
+int Plan(const T* x, const HostSegments& h, const Layout& l,
+         TopKSampleMode mode, int rounds, char* scratch, cudaStream_t s) {
   const Segments segs = View(h, l, scratch);
   auto* states = reinterpret_cast<DeviceState*>(scratch);
   auto* sums = reinterpret_cast<double*>(scratch + l.sum_off);
@@ -908,9 +894,9 @@ int PlanTyped(const T* x, const HostSegments& h, const Layout& l,
 }
 
 template <typename T>
-int WriteTyped(const T* x, const HostSegments& h, const Layout& l,
-               int64_t size, T* values, int32_t* indices, T* zero,
-               char* scratch, cudaStream_t s) {
+int Write(const T* x, const HostSegments& h, const Layout& l, int64_t size,
+          T* values, int32_t* indices, T* zero, char* scratch,
+          cudaStream_t s) {
   if (h.tiles == 0 || size == 0) return 0;
   LaunchKernel(WriteKernel<T>, GridFor(h.tiles), kThreads, 0, s, x,
                View(h, l, scratch),
@@ -924,29 +910,6 @@ int WriteTyped(const T* x, const HostSegments& h, const Layout& l,
 HostSegments Single(int64_t n, int64_t k, int64_t seed) {
   const TopKSampleSegment one{0, n, k, seed};
   return Describe(&one, 1);
-}
-
-// PlanTyped and WriteTyped for the element type of `dtype`.
-int Plan(DType dtype, const void* x, const HostSegments& h, const Layout& l,
-         TopKSampleMode mode, int rounds, void* scratch, void* stream) {
-  return Dispatch(dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    return PlanTyped<T>(static_cast<const T*>(x), h, l, mode, rounds,
-                        static_cast<char*>(scratch),
-                        static_cast<cudaStream_t>(stream));
-  });
-}
-
-int Write(DType dtype, const void* x, const HostSegments& h, const Layout& l,
-          int64_t size, void* values, int32_t* indices, void* zero,
-          void* scratch, void* stream) {
-  return Dispatch(dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    return WriteTyped<T>(static_cast<const T*>(x), h, l, size,
-                         static_cast<T*>(values), indices,
-                         static_cast<T*>(zero), static_cast<char*>(scratch),
-                         static_cast<cudaStream_t>(stream));
-  });
 }
 
 // The one copy of data-dependent output sizes to the host, and the wait.
@@ -966,28 +929,24 @@ int64_t TopKSampleScratchBytes(int64_t n) {
   return MakeLayout(Single(n, n, 0), false).total;
 }
 
-int AddResidual(DType dtype, const void* gradient, const void* residual,
-                void* acc, int64_t n, void* stream) {
+template <typename T>
+int AddResidual(const T* gradient, const T* residual, T* acc, int64_t n,
+                void* stream) {
   if (n == 0) return 0;
-  const int grid = StrideGridFor(n, kThreads);
-  auto s = static_cast<cudaStream_t>(stream);
-  return Dispatch(dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    LaunchKernel(AddKernel<T>, grid, kThreads, 0, s,
-                 static_cast<const T*>(gradient),
-                 static_cast<const T*>(residual), static_cast<T*>(acc), n);
-    return static_cast<int>(cudaGetLastError());
-  });
+  LaunchKernel(AddKernel<T>, StrideGridFor(n, kThreads), kThreads, 0,
+               static_cast<cudaStream_t>(stream), gradient, residual, acc, n);
+  return static_cast<int>(cudaGetLastError());
 }
 
-int TopKSamplePlan(DType dtype, const void* x, int64_t n, int64_t k,
-                   TopKSampleMode mode, int rounds, int64_t seed,
-                   void* scratch, void* stream) {
+template <typename T>
+int TopKSamplePlan(const T* x, int64_t n, int64_t k, TopKSampleMode mode,
+                   int rounds, int64_t seed, void* scratch, void* stream) {
   if (k <= 0 || n <= 0) return 0;
   HostSegments h = Single(n, k, seed);
   SetRanks(mode, &h);
-  return Plan(dtype, x, h, MakeLayout(h, false), mode, rounds, scratch,
-              stream);
+  return Plan(x, h, MakeLayout(h, false), mode, rounds,
+                   static_cast<char*>(scratch),
+                   static_cast<cudaStream_t>(stream));
 }
 
 int TopKSampleOutputSize(TopKSampleMode mode, int64_t n, int64_t k,
@@ -998,13 +957,15 @@ int TopKSampleOutputSize(TopKSampleMode mode, int64_t n, int64_t k,
   return CopySizesToHost(size, &st->plan.output_size, 1, stream);
 }
 
-int TopKSampleWrite(DType dtype, const void* x, int64_t n,
-                    int64_t output_size, void* values, int32_t* indices,
-                    void* zero_selected, void* scratch, void* stream) {
+template <typename T>
+int TopKSampleWrite(const T* x, int64_t n, int64_t output_size, T* values,
+                    int32_t* indices, T* zero_selected, void* scratch,
+                    void* stream) {
   if (n == 0 || output_size == 0) return 0;
   const HostSegments h = Single(n, n, 0);  // tiles depend on n alone
-  return Write(dtype, x, h, MakeLayout(h, false), output_size, values,
-               indices, zero_selected, scratch, stream);
+  return Write(x, h, MakeLayout(h, false), output_size, values, indices,
+                    zero_selected, static_cast<char*>(scratch),
+                    static_cast<cudaStream_t>(stream));
 }
 
 int64_t TopKSampleSegmentsScratchBytes(const TopKSampleSegment* segments,
@@ -1013,18 +974,19 @@ int64_t TopKSampleSegmentsScratchBytes(const TopKSampleSegment* segments,
   return MakeLayout(Describe(segments, count), true).total;
 }
 
-int TopKSampleSegmentsPlan(DType dtype, const void* x,
-                           const TopKSampleSegment* segments, int count,
-                           TopKSampleMode mode, int rounds, void* scratch,
-                           void* stream) {
+template <typename T>
+int TopKSampleSegmentsPlan(const T* x, const TopKSampleSegment* segments,
+                           int count, TopKSampleMode mode, int rounds,
+                           void* scratch, void* stream) {
   if (!ValidSegments(segments, count)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   HostSegments h = Describe(segments, count);
   if (h.tiles == 0) return 0;  // no active segment
   SetRanks(mode, &h);
-  return Plan(dtype, x, h, MakeLayout(h, true), mode, rounds, scratch,
-              stream);
+  return Plan(x, h, MakeLayout(h, true), mode, rounds,
+                   static_cast<char*>(scratch),
+                   static_cast<cudaStream_t>(stream));
 }
 
 int TopKSampleSegmentsOutputSizes(TopKSampleMode mode,
@@ -1047,18 +1009,39 @@ int TopKSampleSegmentsOutputSizes(TopKSampleMode mode,
                          count, stream);
 }
 
-int TopKSampleSegmentsWrite(DType dtype, const void* x,
-                            const TopKSampleSegment* segments, int count,
-                            int64_t output_size, void* values,
-                            int32_t* indices, void* zero_selected,
+template <typename T>
+int TopKSampleSegmentsWrite(const T* x, const TopKSampleSegment* segments,
+                            int count, int64_t output_size, T* values,
+                            int32_t* indices, T* zero_selected,
                             void* scratch, void* stream) {
   if (!ValidSegments(segments, count)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   const HostSegments h = Describe(segments, count);
-  return Write(dtype, x, h, MakeLayout(h, true), output_size, values,
-               indices, zero_selected, scratch, stream);
+  return Write(x, h, MakeLayout(h, true), output_size, values, indices,
+                    zero_selected, static_cast<char*>(scratch),
+                    static_cast<cudaStream_t>(stream));
 }
+
+// The launchers of top_k_sample_gpu.h for each element type.
+#define TFGC_INSTANTIATE_TOP_K_SAMPLE(T)                                      \
+  template int AddResidual(const T*, const T*, T*, int64_t, void*);           \
+  template int TopKSamplePlan(const T*, int64_t, int64_t, TopKSampleMode,     \
+                              int, int64_t, void*, void*);                    \
+  template int TopKSampleWrite(const T*, int64_t, int64_t, T*, int32_t*, T*,  \
+                               void*, void*);                                 \
+  template int TopKSampleSegmentsPlan(const T*, const TopKSampleSegment*,     \
+                                      int, TopKSampleMode, int, void*,        \
+                                      void*);                                 \
+  template int TopKSampleSegmentsWrite(const T*, const TopKSampleSegment*,    \
+                                       int, int64_t, T*, int32_t*, T*, void*, \
+                                       void*);
+
+TFGC_INSTANTIATE_TOP_K_SAMPLE(float)
+TFGC_INSTANTIATE_TOP_K_SAMPLE(__half)
+TFGC_INSTANTIATE_TOP_K_SAMPLE(__nv_bfloat16)
+
+#undef TFGC_INSTANTIATE_TOP_K_SAMPLE
 
 }  // namespace gpu
 }  // namespace tfgc

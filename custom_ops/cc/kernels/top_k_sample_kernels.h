@@ -1,356 +1,97 @@
 // Copyright 2026 The tfgc Authors.
 //
-// TopKSample: sampled top-k selection by magnitude (MSTopK, RedSync threshold
-// search, trimmed top-k). This header holds everything the CPU kernel, the
-// CUDA kernels and the standalone CUDA harness share. It does not include any
-// TensorFlow header, so that `custom_ops/cuda_harness/` can compile the same
-// kernel source with nvcc alone.
-//
-// Definitions shared by every implementation (and by the pure-TF reference in
-// tfgc/ops/top_k_sample.py, which is the test oracle):
-//   key(x)  = the bit pattern of |x| in float32 as an unsigned integer, that
-//             of +inf when x is NaN: non-finite values (NaN, +-inf) count as
-//             the largest magnitude and go first. Keys are compared as
-//             integers, never as floats: TensorFlow's threads flush
-//             denormals (FTZ/DAZ), under which a float comparison would
-//             take a subnormal for zero. So subnormals rank above zero, in
-//             the order of their values, whatever the thread's float mode.
-//   stats   = over the finite keys, each subnormal one counted as 0: mean =
-//             (sum in double / number of finite keys) rounded to float32,
-//             0 when no key is finite; max = largest (0 if none); diff = max
-//             - mean rounded to float32. Every float32 result below 2^-126
-//             is flushed to 0 (Flush()), so that no arithmetic meets a
-//             subnormal and the results do not depend on the float mode.
-//   thr(r)  = mean + Flush(r * diff) in float32, r a dyadic ratio in [0, 1];
-//             a threshold is compared through its key.
-// Output indices are always in increasing order.
+// The functors of Tfgc>TopKSample, Tfgc>TopKSampleWithResidual and their
+// segmented twins (kernel_utils.h describes the layout): the CPU
+// specialisations run the selection of top_k_sample_cpu.h, the GPU ones
+// the launchers of top_k_sample_gpu.h. The definitions every implementation
+// shares are in top_k_sample_common.h.
 
 #ifndef TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_KERNELS_H_
 #define TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_KERNELS_H_
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
+#include <vector>
 
-// The arithmetic below (keys, statistics, thresholds, the bisection and the
-// plans) runs on the host and, in top_k_sample_kernels.cu.cc, on the device:
-// __host__ __device__ under nvcc, nothing for host-only compilers (the CPU
-// kernel, the TF glue and the harness's CPU emulation of CUDA). The same
-// code gives the same results on both: no library call whose device version
-// could differ, and no product that nvcc could contract into a fused
-// multiply-add.
-#if defined(__CUDACC__)
-#define TFGC_HOST_DEVICE __host__ __device__
-#else
-#define TFGC_HOST_DEVICE
-#endif
+#include "absl/status/status.h"
+#include "custom_ops/cc/kernels/kernel_utils.h"
+#include "custom_ops/cc/kernels/top_k_sample_common.h"
 
 namespace tfgc {
 
-enum class TopKSampleMode : int {
-  kMsTopK = 0,     // exact k: bisection, then band fill from a random slice
-  kThreshold = 1,  // RedSync: bisection until k < count < 2k
-  kTrimmed = 2,    // exact top-k (lowest index first among equal keys)
-};
-
-// The final selection, in terms of keys: every element with
-// `has_above && key >= above` (key > above when `above_strict`) is selected,
-// plus the elements of the band `band_lo <= key < above` (no upper bound
-// when !has_above; no lower bound when !has_band_lo) whose rank inside the
-// band, in index order, lies in [start, start + need). `above` and
-// `band_lo` are keys, as in the definitions above.
-struct SelectionPlan {
-  bool has_above = false;
-  bool above_strict = false;
-  uint32_t above = 0;
-  int64_t above_count = 0;
-  bool has_band_lo = false;
-  uint32_t band_lo = 0;
-  int64_t need = 0;
-  int64_t start = 0;
-  int64_t output_size = 0;
-};
-
-// SplitMix64 finaliser; the reference implements the same in TF uint64 ops.
-TFGC_HOST_DEVICE inline uint64_t SplitMix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
-// Start of MSTopK's band slice: uniform in [0, max_start] given the seed.
-TFGC_HOST_DEVICE inline int64_t SliceStart(int64_t seed,
-                                           int64_t max_start) {
-  if (max_start <= 0) return 0;
-  const double u = static_cast<double>(
-                       SplitMix64(static_cast<uint64_t>(seed)) >> 11) *
-                   (1.0 / 9007199254740992.0);  // 2^-53
-  const int64_t s =
-      static_cast<int64_t>(u * static_cast<double>(max_start + 1));
-  return s > max_start ? max_start : s;
-}
-
-// The key of +inf (and of NaN); finite keys are below it.
-constexpr uint32_t kInfKey = 0x7f800000u;
-// The key of 2^-126, the smallest normal float32; subnormal keys are below.
-constexpr uint32_t kMinNormalKey = 0x00800000u;
-// Above every key: a threshold no key passes, strictly or not.
-constexpr uint32_t kNoKey = 0x7fffffffu;
-
-// key(x) of a float32 value (bits, so no float mode can change it).
-TFGC_HOST_DEVICE inline uint32_t KeyOf(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  bits &= 0x7fffffffu;
-  return bits < kInfKey ? bits : kInfKey;
-}
-
-// A non-negative double rounded to float32, 0 below 2^-126: the statistics
-// and thresholds are 0 or normal, with or without flush-to-zero.
-TFGC_HOST_DEVICE inline float Flush(double v) {
-  return v < 0x1p-126 ? 0.0f : static_cast<float>(v);  // float32's min()
-}
-
-// The mean of `finite` finite keys summing to `sum` (subnormal ones as 0).
-TFGC_HOST_DEVICE inline float Mean(double sum, int64_t finite) {
-  return finite > 0 ? Flush(sum / static_cast<double>(finite)) : 0.0f;
-}
-
-// max - mean, max the largest finite key (subnormal ones as 0).
-TFGC_HOST_DEVICE inline float Diff(float max, float mean) {
-  return Flush(static_cast<double>(max) - static_cast<double>(mean));
-}
-
-TFGC_HOST_DEVICE inline float Threshold(float mean, float diff,
-                                        float ratio) {
-  // The product is exact in double: one rounding, as float32 r * diff.
-  const float step = Flush(static_cast<double>(ratio) * diff);
-  return mean + step;  // 0 or normal: no float mode changes the sum
-}
-
-// The r-th largest key of the input (1-based), or kNoRank when r > n.
-constexpr int64_t kNoRank = -1;
-
-// Where the bisection of MSTopK or of RedSync's threshold search ends: the
-// last thresholds (as keys) at which the count was <= k (hi) and > k (lo),
-// and whether a threshold search round was accepted (k < count < 2k).
-struct BisectionEnd {
-  bool accepted = false;
-  bool has_hi = false;
-  uint32_t hi = 0;
-  bool has_lo = false;
-  uint32_t lo = 0;
-  uint32_t lowest = kNoKey;  // the lowest threshold visited
-};
-
-// The bisection on ratio in [0, 1] from 1/2 for `rounds` rounds (stopping
-// when a threshold search round is accepted), run on two order statistics
-// instead of counts: with v1 the (k+1)-th and v2 the 2k-th largest key
-// (kNoRank when there is no such rank),
-//   MSTopK:    count(key >= t) > k   iff  t <= v1,
-//   threshold: count(key > t) > k    iff  t < v1,
-//              count(key > t) >= 2k  iff  t < v2.
-// So the rounds need no pass over the data. Thresholds only fall after a
-// count <= k and only rise after one > k, so the last hi (lo) visited has
-// the largest (smallest) count; where the reference keeps the first of
-// equal counts instead, the two thresholds pass the same keys (nested sets
-// of equal size), so the selection is the same.
-TFGC_HOST_DEVICE inline BisectionEnd BisectByOrder(TopKSampleMode mode,
-                                                   float mean, float diff,
-                                                   int rounds, int64_t v1,
-                                                   int64_t v2) {
-  BisectionEnd e;
-  float lo = 0.0f, hi = 1.0f;
-  for (int round = 0; round < rounds && !e.accepted; ++round) {
-    const float ratio = (lo + hi) * 0.5f;
-    const uint32_t t = KeyOf(Threshold(mean, diff, ratio));
-    const int64_t key = t;
-    if (t < e.lowest) e.lowest = t;
-    bool above_k;  // the count at t exceeds k
-    if (mode == TopKSampleMode::kThreshold) {
-      above_k = key < v1;
-      e.accepted = above_k && !(key < v2);
-    } else {
-      above_k = key <= v1;
-    }
-    if (above_k) {
-      lo = ratio;
-      e.has_lo = true;
-      e.lo = t;
-    } else {
-      hi = ratio;
-      e.has_hi = true;
-      e.hi = t;
-    }
-  }
-  return e;
-}
-
-// Whether `key` is in the plan's above set.
-TFGC_HOST_DEVICE inline bool IsAbove(const SelectionPlan& p,
-                                      uint32_t key) {
-  return p.has_above && (p.above_strict ? key > p.above : key >= p.above);
-}
-
-// Plan for MSTopK after the bisection, given the counts of keys >= e.hi
-// (when e.has_hi) and >= e.lo (when e.has_lo); `n` elements.
-TFGC_HOST_DEVICE inline SelectionPlan MsTopKPlan(const BisectionEnd& e,
-                                                 int64_t hi_count,
-                                                 int64_t lo_count, int64_t n,
-                                                 int64_t k, int64_t seed) {
-  SelectionPlan p;
-  p.has_above = e.has_hi;
-  p.above = e.hi;
-  p.above_count = e.has_hi ? hi_count : 0;
-  p.has_band_lo = e.has_lo;
-  p.band_lo = e.lo;
-  const int64_t band = (e.has_lo ? lo_count : n) - p.above_count;
-  p.need = k - p.above_count;
-  p.start = SliceStart(seed, band - p.need);
-  p.output_size = k;
-  return p;
-}
-
-// Plan for the threshold search when a count > k was seen (accepted or
-// not): the `lo_count` keys > e.lo.
-TFGC_HOST_DEVICE inline SelectionPlan ThresholdPlan(const BisectionEnd& e,
-                                                    int64_t lo_count) {
-  SelectionPlan p;
-  p.has_above = true;
-  p.above_strict = true;
-  p.above = e.lo;
-  p.above_count = lo_count;
-  p.output_size = lo_count;
-  return p;
-}
-
-// Plan for exact top-k given the k-th largest key `v` and the number of keys
-// strictly greater than it.
-TFGC_HOST_DEVICE inline SelectionPlan ExactPlan(uint32_t v, int64_t greater,
-                                                int64_t k) {
-  SelectionPlan p;
-  p.has_above = true;  // key > v
-  p.above_strict = true;
-  p.above = v;
-  p.above_count = greater;
-  p.has_band_lo = true;
-  p.band_lo = v;
-  p.need = k - greater;
-  p.start = 0;
-  p.output_size = k;
-  return p;
-}
-
-// ---------------------------------------------------------------------------
-// CUDA launchers (defined in *.cu.cc; declared here so that the TF glue and
-// the harness call the same code). All pointers are device pointers.
-// ---------------------------------------------------------------------------
-namespace gpu {
-
-// Element types of the launchers (the TF glue passes Eigen::half and
-// Eigen::bfloat16 buffers, bit-compatible with __half and __nv_bfloat16).
-enum class DType : int { kFloat = 0, kHalf = 1, kBfloat16 = 2 };
-
-// Bytes of device scratch the launchers need for `n` elements on the
-// current device.
-int64_t TopKSampleScratchBytes(int64_t n);
-
-// acc = gradient + residual (rounded to the element type); `acc` may alias
-// `residual`. Returns a cudaError_t value (0 is success).
-int AddResidual(DType dtype, const void* gradient, const void* residual,
-                void* acc, int64_t n, void* stream);
-
-// A selection takes three calls on the same stream and scratch:
-//   TopKSamplePlan       the statistics, the order statistics, the
-//                        bisection and the plan with its tile offsets, all
-//                        left in `scratch`; no host synchronisation;
-//   TopKSampleOutputSize the plan's output size: k in mstopk and trimmed
-//                        modes, with no synchronisation; in threshold mode
-//                        it depends on the data: one copy to the host and
-//                        one stream synchronisation;
-//   TopKSampleWrite      the selection (`output_size` entries).
-// 0 <= k <= n. Each returns a cudaError_t value.
-int TopKSamplePlan(DType dtype, const void* x, int64_t n, int64_t k,
-                   TopKSampleMode mode, int rounds, int64_t seed,
-                   void* scratch, void* stream);
-
-int TopKSampleOutputSize(TopKSampleMode mode, int64_t n, int64_t k,
-                         const void* scratch, void* stream,
-                         int64_t* output_size);
-
-// Writes the output_size values and int32 indices in index order; when
-// `zero_selected` is not null, also zeroes those positions there (it may be
-// `x` itself).
-int TopKSampleWrite(DType dtype, const void* x, int64_t n,
-                    int64_t output_size, void* values, int32_t* indices,
-                    void* zero_selected, void* scratch, void* stream);
-
-// ---------------------------------------------------------------------------
-// Segmented selection (issue 11): one selection over many tensors fused in
-// one buffer, in one set of launches instead of one per tensor. Each
-// segment's values, indices and zeroed entries are bit for bit those of the
-// single-tensor launchers above run on the segment alone with its own k and
-// seed; mode and rounds are shared. The single-tensor launchers are the
-// one-segment case of the same kernels.
-// ---------------------------------------------------------------------------
-
-// A segment of the fused buffer: elements [offset, offset + n), 0 <= k <=
-// n < 2^31, segments disjoint. A segment with n = 0 or k = 0 selects
-// nothing. Segment tables are host memory.
-struct TopKSampleSegment {
-  int64_t offset = 0;
+// The data selected from: x itself, or acc = gradient + residual (added in
+// T, as TensorFlow adds), which the first pass writes to `acc`. The input
+// of both devices' functors.
+template <typename T>
+struct TopKSampleInput {
+  const T* x;                   // x, or the gradient
+  const T* residual = nullptr;  // null for TopKSample
+  T* acc = nullptr;             // acc's storage (null for TopKSample)
   int64_t n = 0;
-  int64_t k = 0;
-  int64_t seed = 0;
+
+  T operator[](int64_t i) const {
+    return residual == nullptr ? x[i] : static_cast<T>(x[i] + residual[i]);
+  }
+  // The data, once the first pass wrote acc.
+  const T* data() const { return residual == nullptr ? x : acc; }
 };
 
-// Bytes of device scratch for these segments on the current device (-1
-// for an invalid table).
-int64_t TopKSampleSegmentsScratchBytes(const TopKSampleSegment* segments,
-                                       int count);
+namespace functor {
 
-// As TopKSamplePlan / TopKSampleOutputSize / TopKSampleWrite, for every
-// segment at once (the same table, stream and scratch in all three):
-//   TopKSampleSegmentsPlan        copies the table to the scratch (one
-//                                 asynchronous copy from the host) and
-//                                 plans every segment; no host
-//                                 synchronisation;
-//   TopKSampleSegmentsOutputSizes every segment's output size into
-//                                 output_sizes[count] (host): k (0 for an
-//                                 empty segment) in mstopk and trimmed
-//                                 modes, with no synchronisation; in
-//                                 threshold mode one copy of all the sizes
-//                                 to the host and one stream
-//                                 synchronisation;
-//   TopKSampleSegmentsWrite       the selections one after another in
-//                                 segment order into values and indices
-//                                 (output_size entries in all, the sum of
-//                                 the sizes), each segment's indices
-//                                 counted from its own start; with
-//                                 `zero_selected` (a buffer laid out as
-//                                 `x`, possibly `x`), those entries zeroed.
-// A residual is added to the whole fused buffer by AddResidual. Each
-// returns a cudaError_t value (cudaErrorInvalidValue for an invalid table).
-int TopKSampleSegmentsPlan(DType dtype, const void* x,
-                           const TopKSampleSegment* segments, int count,
-                           TopKSampleMode mode, int rounds, void* scratch,
-                           void* stream);
+// The functors' interfaces. Each device specialises the whole class
+// template (in top_k_sample_kernels.cc); the primary templates below are
+// only the interface both follow.
 
-int TopKSampleSegmentsOutputSizes(TopKSampleMode mode,
-                                  const TopKSampleSegment* segments,
-                                  int count, const void* scratch,
-                                  void* stream, int64_t* output_sizes);
+// A selection in two steps, so that the op kernel can allocate the outputs
+// in between. The plan goes from one step to the other in the functor
+// object, one per Compute; `Cache` is what the op kernel keeps for the
+// functor between calls.
+template <typename Device, typename T>
+class TopKSample {
+ public:
+  struct Cache;
 
-int TopKSampleSegmentsWrite(DType dtype, const void* x,
-                            const TopKSampleSegment* segments, int count,
-                            int64_t output_size, void* values,
-                            int32_t* indices, void* zero_selected,
-                            void* scratch, void* stream);
+  explicit TopKSample(Cache* cache);
 
-}  // namespace gpu
+  // Selects from `in` (0 <= k <= n; with a residual it first writes acc =
+  // gradient + residual) and sets the number of selected elements: k in
+  // mstopk and trimmed modes, data-dependent in threshold mode.
+  absl::Status Plan(OpKernelContext* ctx, const TopKSampleInput<T>& in,
+                    int64_t k, TopKSampleMode mode, int rounds, int64_t seed,
+                    int64_t* output_size);
+
+  // Writes them (output_size > 0), values and int32 indices in index
+  // order, and zeroes them in acc with a residual.
+  absl::Status Write(OpKernelContext* ctx, const TopKSampleInput<T>& in,
+                     int64_t output_size, T* values, int32_t* indices);
+};
+
+// The segmented selection, in the same two steps and with the same
+// lifetime. The table holds 0 <= k <= n < 2^31 per segment, segments
+// contiguous.
+template <typename Device, typename T>
+class TopKSampleSegments {
+ public:
+  struct Cache;
+
+  explicit TopKSampleSegments(Cache* cache);
+
+  // Selects in every segment of the table (each as TopKSample would on the
+  // segment alone with its k and seed; with a residual it first writes acc
+  // over the whole buffer) and writes each segment's output size to
+  // `sizes` (host memory, one per segment).
+  absl::Status Plan(OpKernelContext* ctx, const TopKSampleInput<T>& in,
+                    const std::vector<TopKSampleSegment>& segments,
+                    TopKSampleMode mode, int rounds, int64_t* sizes);
+
+  // Writes the selections one after another in segment order (output_size
+  // > 0 entries in all), each segment's indices counted from its start,
+  // and zeroes them in acc with a residual.
+  absl::Status Write(OpKernelContext* ctx, const TopKSampleInput<T>& in,
+                     const std::vector<TopKSampleSegment>& segments,
+                     int64_t output_size, T* values, int32_t* indices);
+};
+
+}  // namespace functor
 }  // namespace tfgc
 
 #endif  // TFGC_CUSTOM_OPS_CC_KERNELS_TOP_K_SAMPLE_KERNELS_H_

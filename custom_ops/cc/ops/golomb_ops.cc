@@ -1,7 +1,7 @@
 // Copyright 2026 The tfgc Authors.
 //
 // Op registrations of Tfgc>GolombEncode and Tfgc>GolombDecode (SBC position
-// coding; bit format in custom_ops/cc/kernels/golomb_kernels.h).
+// coding; bit format in custom_ops/cc/kernels/golomb_common.h).
 
 #include <cstdint>
 
