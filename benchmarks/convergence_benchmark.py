@@ -1,6 +1,6 @@
 """Convergence at equal steps on real data, per compressor, against dense.
 
-Item 6 of issue 12. Two tasks with data that needs no download, each
+Two tasks with data that needs no download, each
 trained for the same number of steps per compressor under MirroredStrategy
 on two logical CPUs (two workers with different data; SBC's local steps and
 the importance root need more than one):
@@ -336,7 +336,7 @@ def markdown(results: dict, plots: dict) -> str:
     lines = [
         "# Convergence at equal steps, per compressor",
         "",
-        "Item 6 of issue 12. Two workers (MirroredStrategy, two logical "
+        "Two workers (MirroredStrategy, two logical "
         "CPUs, different data per worker), the same seed and data order "
         "for every compressor, density 1 % where a compressor takes one, "
         "PowerSGD and ACP-SGD rank 4, error feedback on (RedSync: its own "

@@ -105,7 +105,7 @@ PRESETS = {
         "warmup": 2,
         "timeout": 1500,
     },
-    # Item 7 of issue 12: points for the fitted cost model; the 3-host
+    # Points for the fitted cost model; the 3-host
     # runs are held out and predicted from the 2- and 4-host fit.
     "costmodel": {
         "hosts": "2,3,4",

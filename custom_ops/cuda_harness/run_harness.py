@@ -669,7 +669,7 @@ def top_k_inputs(
     yield f"inf and nan {n=}", inf, DTYPES, None
     tiny = (rng.integers(-8, 8, n) * 2.0**-140).astype(np.float32)
     yield f"subnormal {n=}", tiny, DTYPES, None
-    # Issue 11: zeros and one subnormal, which must rank above them (the
+    # Zeros and one subnormal, which must rank above them (the
     # float comparisons of a flushing thread took it for zero).
     for dtype in DTYPES:
         exp, bits = SUBNORMAL_BITS[dtype]

@@ -1,4 +1,4 @@
-"""The convergence benchmark (item 6 of issue 12) on a tiny configuration.
+"""The convergence benchmark on a tiny configuration.
 
 Runs `python -m benchmarks.run --preset convergence --tiny` for a few steps
 into a temporary directory: every run records a finite loss per step, each

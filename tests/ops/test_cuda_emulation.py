@@ -86,7 +86,7 @@ def test_kernels_match_numpy(emulation_lib):
 
 
 def test_segmented_top_k_matches_single_launches(emulation_lib):
-    # Issue 11: many tensors in one selection (mixed sizes and kinds, n = 0,
+    # Many tensors in one selection (mixed sizes and kinds, n = 0,
     # k = 0, k = n, gaps and offsets out of order, none, one, ResNet-50's
     # 161 tensors scaled down), every mode and dtype: each segment bit for
     # bit the single-tensor launchers' on it alone, with the host traffic

@@ -38,7 +38,7 @@ def _input(n, dtype, seed):
 
 def _zeros_and_subnormals(n, dtype, seed):
     """Zeros, with subnormals of dtype (both signs) at a few places: the
-    selections hinge on subnormals ranking above zero (issue 11)."""
+    selections hinge on subnormals ranking above zero."""
     rng = np.random.default_rng(seed)
     tiny = 1e-7 if dtype == tf.float16 else 3e-39
     x = np.zeros(n, np.float32)

@@ -190,7 +190,7 @@ SUBNORMAL = {tf.float32: 3e-39, tf.bfloat16: 3e-39, tf.float16: 1e-7}
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 def test_one_subnormal_among_zeros(backend, mode, dtype):
-    """Issue 11: a 1M gradient of zeros and one subnormal, k = 2000, raised
+    """A 1M gradient of zeros and one subnormal, k = 2000, raised
     "selected 1999 elements but planned 2000" in the compiled trimmed and
     threshold modes (the radix ranked the subnormal above zero, the float
     comparisons, flushed, did not)."""
