@@ -94,6 +94,13 @@ class CommonConfig:
         seed: random seed for weights, data order and compressors.
         precision: the Keras dtype policy of the model, one of
             `PRECISIONS`; "mixed_float16" trains with dynamic loss scaling.
+        overwrite: train again from scratch when `model_dir` holds a
+            finished run (its files are removed first); without it a
+            finished run is reported and not trained again. An
+            unfinished run is resumed either way.
+        stop_timeout: seconds a main may take, after SIGTERM or SIGINT,
+            to stop every worker at the same step and save a backup;
+            past them it exits without one (the last backup is kept).
     """
 
     model_dir: str
@@ -124,6 +131,8 @@ class CommonConfig:
     data_dir: str | None = None
     seed: int = 0
     precision: str = "float32"
+    overwrite: bool = False
+    stop_timeout: float = 30.0
 
     def __post_init__(self):
         if not self.model_dir:
@@ -190,6 +199,15 @@ class CommonConfig:
             raise ValueError(
                 "`--min_compress_size` must be an integer >= 0. Received: "
                 f"min_compress_size={self.min_compress_size!r}"
+            )
+        if (
+            isinstance(self.stop_timeout, bool)
+            or not isinstance(self.stop_timeout, (int, float))
+            or not self.stop_timeout > 0
+        ):
+            raise ValueError(
+                "`--stop_timeout` must be a number of seconds > 0. Received: "
+                f"stop_timeout={self.stop_timeout!r}"
             )
         if self.learning_rate is not None and not self.learning_rate > 0:
             raise ValueError(

@@ -203,6 +203,11 @@ def _main(module, argv):
                 "`--communicator=allreduce` cannot carry what "
                 "--compressor=importance sends (broadcast)",
             ),
+            (
+                ["--stop_timeout=0"],
+                "`--stop_timeout` must be a number of seconds > 0. "
+                "Received: stop_timeout=0.0",
+            ),
         ]
     ],
 )
@@ -386,6 +391,11 @@ def _parsed_config(argv):
         ([], dict(precision="float32")),
         (["--precision=mixed_float16"], dict(precision="mixed_float16")),
         (["--precision=mixed_bfloat16"], dict(precision="mixed_bfloat16")),
+        ([], dict(overwrite=False, stop_timeout=30.0)),
+        (
+            ["--overwrite", "--stop_timeout=5"],
+            dict(overwrite=True, stop_timeout=5.0),
+        ),
     ],
 )
 def test_new_flags_round_trip_through_the_config(tmp_path, argv, expected):
