@@ -271,9 +271,11 @@ class StopOnSignal(keras.callbacks.Callback):
             self._stop(signum, save=False)
 
     def _stop(self, signum: int, save: bool = True) -> None:
-        self.signals.training = False
         if save:
+            # Still `training`: a signal now (e.g. a launcher stopping the
+            # workers that have not exited yet) only gets recorded.
             self.backup.save()
+        self.signals.training = False
         epoch, batch = self.backup.position
         if save:
             where = f"epoch {epoch + 1}, step {batch}"

@@ -5,6 +5,7 @@ test_models_multiworker.py."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -85,3 +86,34 @@ def test_handlers_are_restored_and_checked():
     stopped = stopping.Stopped(signal.SIGTERM)
     assert stopped.code == 143 and isinstance(stopped, SystemExit)
     assert str(stopped) == "Stopped on SIGTERM (exit code 143)."
+
+
+class _Backup:
+    """Stands in for the run's `BackupAndRestore`: inside epoch 1."""
+
+    backup_dir = "backup"
+    position = (0, 3)
+
+    def __init__(self):
+        self.saved = False
+
+    def save(self):
+        # The launcher stops a worker that has not exited yet.
+        os.kill(os.getpid(), signal.SIGTERM)
+        self.saved = True
+
+
+def test_a_signal_during_the_stops_backup_does_not_cut_it_short(monkeypatch):
+    """A worker stopping because a peer got SIGTERM, which gets its own
+    SIGTERM while it saves: the save completes, then the worker stops."""
+    backup = _Backup()
+    with stopping.Signals(timeout=30) as signals:
+        stop = stopping.StopOnSignal(signals, backup, num_workers=1)
+        stop.set_params({"steps": 10})
+        stop.on_train_begin()
+        # What the all-reduce says when only the peer got the signal.
+        monkeypatch.setattr(stop, "_agreed_signal", lambda: signal.SIGTERM)
+        with pytest.raises(stopping.Stopped) as stopped:
+            stop.on_train_batch_end(2)
+    assert backup.saved
+    assert stopped.value.code == 128 + signal.SIGTERM
