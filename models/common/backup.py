@@ -49,6 +49,7 @@ FREE_SETTINGS = frozenset(
         "eval_steps",
         "skip_eval",
         "overwrite",
+        "backup_steps",
         "stop_timeout",
     }
 )
@@ -341,6 +342,29 @@ class RunState(keras.callbacks.Callback):
             # Inside an epoch: its metrics so far.
             "partial_epoch": self._batch_logs if batch else None,
         }
+
+
+class PeriodicBackup(keras.callbacks.Callback):
+    """Backs up every `every` global steps, except at an epoch's end
+    (which has its own backup). Put it after the `RunState`.
+
+    Args:
+        backup: the run's backup callback.
+        throughput: the run's `Throughput` (its step is the global step).
+        every: steps between backups.
+    """
+
+    def __init__(self, backup, throughput, every: int):
+        super().__init__()
+        self.backup = backup
+        self.throughput = throughput
+        self.every = every
+
+    def on_train_batch_end(self, batch, logs=None):
+        steps = self.params.get("steps") if self.params else None
+        at_epoch_end = steps and self.backup.position[1] >= steps
+        if self.throughput.step % self.every == 0 and not at_epoch_end:
+            self.backup.save()
 
 
 def _flatten(settings: Mapping[str, Any], prefix: str = "") -> dict:

@@ -189,6 +189,7 @@ def make_callbacks(
     log_steps: int,
     settings: dict,
     extra: tuple[keras.callbacks.Callback, ...] = (),
+    backup_steps: int | None = None,
     signals: stopping.Signals | None = None,
     num_workers: int = 1,
 ) -> RunCallbacks:
@@ -213,6 +214,8 @@ def make_callbacks(
         settings: the run's settings, stored with each backup (a backup of
             other settings is refused).
         extra: model-specific callbacks that add to the logs.
+        backup_steps: also back up every N global steps; `None`: at
+            epoch ends (and signal stops) only.
         signals: the main's `Signals`; `None` leaves signals alone.
         num_workers: worker processes in the cluster.
 
@@ -243,6 +246,10 @@ def make_callbacks(
         run_state,
         backup,
     ]
+    if backup_steps:
+        callbacks.append(
+            backup_lib.PeriodicBackup(backup, throughput, backup_steps)
+        )
     if signals is not None:
         callbacks.append(stopping.StopOnSignal(signals, backup, num_workers))
     return RunCallbacks(callbacks, throughput, backup, run_state)

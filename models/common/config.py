@@ -98,6 +98,8 @@ class CommonConfig:
             finished run (its files are removed first); without it a
             finished run is reported and not trained again. An
             unfinished run is resumed either way.
+        backup_steps: also back up every this many steps (inside epochs);
+            `None` backs up at epoch ends and signal stops only.
         stop_timeout: seconds a main may take, after SIGTERM or SIGINT,
             to stop every worker at the same step and save a backup;
             past them it exits without one (the last backup is kept).
@@ -132,6 +134,7 @@ class CommonConfig:
     seed: int = 0
     precision: str = "float32"
     overwrite: bool = False
+    backup_steps: int | None = None
     stop_timeout: float = 30.0
 
     def __post_init__(self):
@@ -188,7 +191,13 @@ class CommonConfig:
                 "`--slurm_port_base` must be a port in [1, 65535]. Received: "
                 f"slurm_port_base={self.slurm_port_base!r}"
             )
-        for name in ("train_steps", "epochs", "eval_steps", "batch_size"):
+        for name in (
+            "train_steps",
+            "epochs",
+            "eval_steps",
+            "batch_size",
+            "backup_steps",
+        ):
             _check_positive_int(name, getattr(self, name))
         _check_positive_int("log_steps", self.log_steps, allow_none=False)
         if (

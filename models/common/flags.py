@@ -44,6 +44,13 @@ def define_common_flags() -> None:
         "(its files are removed). Without it, a finished run is reported "
         "and not trained again.",
     )
+    flags.DEFINE_integer(
+        "backup_steps",
+        None,
+        "Also back up every N steps, inside epochs (each backup gathers "
+        "every worker's state and writes it). Default: at every epoch's "
+        "end and when a signal stops the run.",
+    )
     flags.DEFINE_float(
         "stop_timeout",
         30.0,
@@ -238,6 +245,7 @@ def common_config_from_flags(
         seed=f.seed,
         precision=f.precision,
         overwrite=f.overwrite,
+        backup_steps=f.backup_steps,
         stop_timeout=f.stop_timeout,
     )
 

@@ -187,6 +187,7 @@ def train_and_evaluate(
         log_steps=config.log_steps,
         settings=settings,
         extra=extra_callbacks,
+        backup_steps=config.backup_steps,
         signals=signals,
         num_workers=distribution.num_workers(strategy),
     )

@@ -274,12 +274,19 @@ def _ptb_config(ptb_dir, model_dir, **kwargs) -> lstm_main.LstmConfig:
     return lstm_main.LstmConfig(common=CommonConfig(**settings))
 
 
+class _Crash(Exception):
+    pass
+
+
 def _signal_at(monkeypatch, step, signum):
-    """Makes the run send itself `signum` after its global step `step`."""
+    """Makes the run send itself `signum` after its global step `step`
+    (crash, with `_Crash`, for `signum=None`)."""
     original = callbacks_lib.Throughput.on_train_batch_end
 
     def signalling(self, batch, logs=None):
         original(self, batch, logs)
+        if self.step == step and signum is None:
+            raise _Crash()
         if self.step == step:
             os.kill(os.getpid(), signum)
 
@@ -318,8 +325,9 @@ def _batch_steps(model_dir) -> list[int]:
 def test_signals_stop_with_a_backup_and_the_resume_is_exact(
     ptb_dir, tmp_path, monkeypatch
 ):
-    """SIGINT in an epoch's last step (the epoch ends first), then SIGTERM
-    inside an epoch: each stop saves a backup and exits 128 + the signal;
+    """SIGINT in an epoch's last step (the epoch ends first), SIGTERM
+    inside an epoch, then a crash in the last step (before its backup),
+    with `--backup_steps=1`: each signal stop saves a backup and exits 128 + the signal;
     the rerun ends with the weights of the run that never stopped, bit for
     bit, and its summary and TensorBoard steps cover all epochs once."""
     through = lstm_main.run(_ptb_config(ptb_dir, tmp_path / "through"))
@@ -327,13 +335,20 @@ def test_signals_stop_with_a_backup_and_the_resume_is_exact(
     config = _ptb_config(ptb_dir, model_dir)
     backup = tfgc.callbacks.BackupAndRestore(str(model_dir / "backup"))
 
-    stops = [(2, signal.SIGINT, (1, 0)), (3, signal.SIGTERM, (1, 1))]
-    for step, signum, position in stops:
+    # (1, 0): after epoch 1 (its last step); (1, 1): inside epoch 2; (2, 1):
+    # the periodic backup of step 5, inside epoch 3.
+    stops = [
+        (2, signal.SIGINT, (1, 0), config),
+        (3, signal.SIGTERM, (1, 1), config),
+        (6, None, (2, 1), _ptb_config(ptb_dir, model_dir, backup_steps=1)),
+    ]
+    for step, signum, position, stopped_config in stops:
         restore = _signal_at(monkeypatch, step, signum)
-        with pytest.raises(stopping.Stopped) as stopped:
-            lstm_main.run(config)
-        assert stopped.value.code == 128 + signum
-        # (1, 0): after epoch 1 (its last step); (1, 1): inside epoch 2.
+        expected = stopping.Stopped if signum else _Crash
+        with pytest.raises(expected) as stopped:
+            lstm_main.run(stopped_config)
+        if signum:
+            assert stopped.value.code == 128 + signum
         assert backup.find_backup()[:2] == position
         restore()
     summary = lstm_main.run(config)

@@ -204,6 +204,11 @@ def _main(module, argv):
                 "--compressor=importance sends (broadcast)",
             ),
             (
+                ["--backup_steps=0"],
+                "`--backup_steps` must be an integer >= 1. Received: "
+                "backup_steps=0",
+            ),
+            (
                 ["--stop_timeout=0"],
                 "`--stop_timeout` must be a number of seconds > 0. "
                 "Received: stop_timeout=0.0",
@@ -391,10 +396,10 @@ def _parsed_config(argv):
         ([], dict(precision="float32")),
         (["--precision=mixed_float16"], dict(precision="mixed_float16")),
         (["--precision=mixed_bfloat16"], dict(precision="mixed_bfloat16")),
-        ([], dict(overwrite=False, stop_timeout=30.0)),
+        ([], dict(overwrite=False, stop_timeout=30.0, backup_steps=None)),
         (
-            ["--overwrite", "--stop_timeout=5"],
-            dict(overwrite=True, stop_timeout=5.0),
+            ["--overwrite", "--stop_timeout=5", "--backup_steps=100"],
+            dict(overwrite=True, stop_timeout=5.0, backup_steps=100),
         ),
     ],
 )
