@@ -7,11 +7,9 @@ import logging
 import os
 import signal
 
-import h5py
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 from absl import flags
 from absl.testing import flagsaver
 
@@ -21,7 +19,7 @@ from models.common import stopping, training
 from models.common.config import CommonConfig
 from models.lstm_lm import data
 from models.lstm_lm import main as lstm_main
-from tests.models.conftest import REPO
+from tests.models.conftest import REPO, batch_summary_steps, saved_weights
 
 FLAGS = flags.FLAGS
 
@@ -298,38 +296,15 @@ def _signal_at(monkeypatch, step, signum):
     )
 
 
-def _weights(path) -> dict[str, np.ndarray]:
-    out = {}
-    with h5py.File(path, "r") as f:
-        f.visititems(
-            lambda name, item: (
-                out.__setitem__(name, item[()])
-                if isinstance(item, h5py.Dataset)
-                else None
-            )
-        )
-    return out
-
-
-def _batch_steps(model_dir) -> list[int]:
-    """The steps of every `batch/loss` scalar in the TensorBoard files."""
-    steps = []
-    for path in sorted((model_dir / "tensorboard" / "train").glob("events.*")):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                if value.tag == "batch/loss":
-                    steps.append(event.step)
-    return steps
-
-
 def test_signals_stop_with_a_backup_and_the_resume_is_exact(
     ptb_dir, tmp_path, monkeypatch
 ):
     """SIGINT in an epoch's last step (the epoch ends first), SIGTERM
-    inside an epoch, then a crash in the last step (before its backup),
-    with `--backup_steps=1`: each signal stop saves a backup and exits 128 + the signal;
-    the rerun ends with the weights of the run that never stopped, bit for
-    bit, and its summary and TensorBoard steps cover all epochs once."""
+    inside an epoch, then a crash in the last step (before its backup)
+    with `--backup_steps=1`: each signal stop saves a backup and exits
+    128 + the signal; the rerun ends with the weights of the run that
+    never stopped, bit for bit, and its summary and TensorBoard steps
+    cover all epochs once."""
     through = lstm_main.run(_ptb_config(ptb_dir, tmp_path / "through"))
     model_dir = tmp_path / "stopped"
     config = _ptb_config(ptb_dir, model_dir)
@@ -353,8 +328,8 @@ def test_signals_stop_with_a_backup_and_the_resume_is_exact(
         restore()
     summary = lstm_main.run(config)
 
-    expected = _weights(tmp_path / "through" / "model.weights.h5")
-    got = _weights(model_dir / "model.weights.h5")
+    expected = saved_weights(tmp_path / "through" / "model.weights.h5")
+    got = saved_weights(model_dir / "model.weights.h5")
     assert expected.keys() == got.keys() and expected
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], name)
@@ -363,7 +338,7 @@ def test_signals_stop_with_a_backup_and_the_resume_is_exact(
         if key in ("loss", "perplexity"):
             # Epoch 2's mean is folded from two parts: float rounding.
             np.testing.assert_allclose(summary["history"][key], values, 1e-6)
-    assert _batch_steps(model_dir) == list(range(1, 7))
+    assert batch_summary_steps(model_dir) == list(range(1, 7))
     assert not (model_dir / "backup").exists()
 
 
@@ -399,7 +374,7 @@ def test_a_finished_run_is_reported_not_trained_again(
     )
     assert overwritten["train_seconds"] != summary["train_seconds"]
     assert not set(model_dir.glob("tensorboard/*/events.*")) & set(events)
-    assert _batch_steps(model_dir) == [1, 2]
+    assert batch_summary_steps(model_dir) == [1, 2]
 
 
 def test_a_backup_of_other_settings_is_refused(ptb_dir, tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tfgc
-from tests.models.test_lstm_lm_main import _batch_steps, _weights
+from tests.models.conftest import batch_summary_steps, saved_weights
 from tests.workers import start_workers
 from tfgc import launch
 
@@ -289,8 +289,8 @@ def test_lstm_two_workers_stopped_by_sigterm_resume_bit_for_bit(
     codes, _ = _run(model_dir, ptb_dir, tmp_path, "resumed")
     assert codes == [0, 0], (tmp_path / "resumed_worker0.log").read_text()
 
-    expected = _weights(through / "model.weights.h5")
-    got = _weights(model_dir / "model.weights.h5")
+    expected = saved_weights(through / "model.weights.h5")
+    got = saved_weights(model_dir / "model.weights.h5")
     assert expected.keys() == got.keys() and expected
     for name in expected:
         np.testing.assert_array_equal(got[name], expected[name], name)
@@ -298,7 +298,7 @@ def test_lstm_two_workers_stopped_by_sigterm_resume_bit_for_bit(
     assert summary["finished"] is True
     assert summary["train_steps"] == 24
     assert len(summary["history"]["loss"]) == 3
-    assert _batch_steps(model_dir) == list(range(1, 25))
+    assert batch_summary_steps(model_dir) == list(range(1, 25))
     assert not (model_dir / "backup").exists()
 
     written = (model_dir / "summary.json").read_bytes()
