@@ -11,15 +11,13 @@ answering (only the coordination service's heartbeats can tell).
 """
 
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
 
-from tests.workers import ROOT, TESTS, run_worker_script
-from tfgc import launch
+from tests.workers import TESTS, run_worker_script, start_workers
 
 pytestmark = pytest.mark.multiworker
 
@@ -31,32 +29,18 @@ BOUND_SECONDS = 120
 
 
 def _start(out, backup, phase, sig):
-    ports = launch.free_ports(NUM_WORKERS)
-    procs = []
-    for i in range(NUM_WORKERS):
-        env = dict(
-            os.environ,
-            TF_CONFIG=launch.tf_config(NUM_WORKERS, ports, i),
-            PYTHONPATH=ROOT,
-            TF_CPP_MIN_LOG_LEVEL="2",
-        )
-        log = open(out / f"{phase}_{sig}_worker{i}.log", "w")
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    SCRIPT,
-                    f"--out={out}",
-                    f"--backup={backup}",
-                    f"--phase={phase}",
-                    f"--signal={sig}",
-                ],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        )
-    return procs
+    return start_workers(
+        [
+            sys.executable,
+            SCRIPT,
+            f"--out={out}",
+            f"--backup={backup}",
+            f"--phase={phase}",
+            f"--signal={sig}",
+        ],
+        NUM_WORKERS,
+        lambda i: out / f"{phase}_{sig}_worker{i}.log",
+    )
 
 
 def _launch(out, backup, phase):

@@ -2,6 +2,7 @@
 
 import io
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -67,3 +68,31 @@ def start_worker():
     args = parser.parse_args()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     return args.out, strategy, strategy.cluster_resolver.task_id
+
+
+def start_workers(command, num_workers: int, log_path, cwd=None) -> list:
+    """Starts `command` as `num_workers` workers, each with its own
+    `TF_CONFIG` and without the launcher (which would stop the others when
+    one exits); worker i writes its output to `log_path(i)`. Returns the
+    `subprocess.Popen`s."""
+    ports = launch.free_ports(num_workers)
+    procs = []
+    for i in range(num_workers):
+        env = dict(
+            os.environ,
+            TF_CONFIG=launch.tf_config(num_workers, ports, i),
+            PYTHONPATH=ROOT,
+            PYTHONUNBUFFERED="1",
+            TF_CPP_MIN_LOG_LEVEL="2",
+        )
+        with open(log_path(i), "w") as log:
+            procs.append(
+                subprocess.Popen(
+                    list(command),
+                    env=env,
+                    cwd=cwd,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    return procs

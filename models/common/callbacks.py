@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import NamedTuple
 
 import keras
 import tensorflow as tf
@@ -12,6 +13,8 @@ from absl import logging
 from tensorflow.core.framework import summary_pb2
 
 import tfgc
+from models.common import backup as backup_lib
+from models.common import stopping
 
 # TensorBoard's scalar plugin reads summaries tagged with this metadata.
 _SCALAR_METADATA = summary_pb2.SummaryMetadata(
@@ -169,19 +172,36 @@ class ScalarSummaries(keras.callbacks.Callback):
             self._writer = None
 
 
+class RunCallbacks(NamedTuple):
+    """The callbacks of a run, in order, and the members the run reads."""
+
+    callbacks: list[keras.callbacks.Callback]
+    throughput: Throughput
+    backup: tfgc.callbacks.BackupAndRestore
+    run_state: backup_lib.RunState
+
+
 def make_callbacks(
     *,
     model_dir: str,
     output_dir: str,
     global_batch_size: int,
     log_steps: int,
+    settings: dict,
     extra: tuple[keras.callbacks.Callback, ...] = (),
-) -> tuple[list[keras.callbacks.Callback], Throughput]:
+    backup_steps: int | None = None,
+    signals: stopping.Signals | None = None,
+    num_workers: int = 1,
+) -> RunCallbacks:
     """The callbacks every main installs, in an order that matters.
 
-    Callbacks that add values to the logs (compression stats, `extra`,
-    throughput) come before the TensorBoard writer; Keras appends its
-    progress bar and `History` last, so they see the added values too.
+    `ResumedEpochLogs` comes first (it corrects the metrics of an epoch
+    resumed in its middle); callbacks that add values to the logs
+    (compression stats, `extra`, throughput) come before the TensorBoard
+    writer and the run state; the backup follows them (its state includes
+    the epoch just logged), and the signal check comes last (it saves at
+    the step it stops at, after the epoch's own backup). Keras appends
+    its progress bar and `History` after these.
 
     Args:
         model_dir: `--model_dir`; the backup lives in `model_dir/backup`,
@@ -191,17 +211,45 @@ def make_callbacks(
             (`model_dir` on the chief, a temporary directory elsewhere).
         global_batch_size: examples per step over all replicas.
         log_steps: throughput and batch summaries every N steps.
+        settings: the run's settings, stored with each backup (a backup of
+            other settings is refused).
         extra: model-specific callbacks that add to the logs.
+        backup_steps: also back up every N global steps; `None`: at
+            epoch ends (and signal stops) only.
+        signals: the main's `Signals`; `None` leaves signals alone.
+        num_workers: worker processes in the cluster.
 
     Returns:
-        The callback list and its `Throughput` member.
+        The callbacks and the members the run reads.
     """
+    resumed_logs = backup_lib.ResumedEpochLogs()
     throughput = Throughput(global_batch_size, log_steps)
+    summaries = ScalarSummaries(
+        os.path.join(output_dir, backup_lib.TENSORBOARD_DIR), log_steps
+    )
+    backup = tfgc.callbacks.BackupAndRestore(
+        os.path.join(model_dir, backup_lib.BACKUP_DIR),
+        # Removed once the summary says finished, not when fit ends.
+        delete_checkpoint=False,
+        resume_mid_epoch=True,
+    )
+    run_state = backup_lib.RunState(
+        settings, throughput, summaries, resumed_logs, backup
+    )
+    backup.extra_state = run_state.state
     callbacks = [
+        resumed_logs,
         tfgc.callbacks.CompressionStats(),
         *extra,
         throughput,
-        ScalarSummaries(os.path.join(output_dir, "tensorboard"), log_steps),
-        tfgc.callbacks.BackupAndRestore(os.path.join(model_dir, "backup")),
+        summaries,
+        run_state,
+        backup,
     ]
-    return callbacks, throughput
+    if backup_steps:
+        callbacks.append(
+            backup_lib.PeriodicBackup(backup, throughput, backup_steps)
+        )
+    if signals is not None:
+        callbacks.append(stopping.StopOnSignal(signals, backup, num_workers))
+    return RunCallbacks(callbacks, throughput, backup, run_state)

@@ -38,6 +38,19 @@ def _canonical(name: str) -> str:
     return name.lower().replace("-", "").replace("_", "")
 
 
+def _check_seconds(name: str, value) -> None:
+    """A finite number of seconds > 0, as a flag takes it."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value < float("inf")
+    ):
+        raise ValueError(
+            f"`--{name}` must be a number of seconds > 0, e.g. "
+            f"--{name}=30. Received: {name}={value!r}"
+        )
+
+
 def _check_positive_int(name: str, value, allow_none: bool = True) -> None:
     if value is None and allow_none:
         return
@@ -99,6 +112,15 @@ class CommonConfig:
             naming them.
         verbose: TensorFlow's INFO logs and every worker's log lines, not
             just the chief's progress and warnings.
+        overwrite: train again from scratch when `model_dir` holds a
+            finished run (its files are removed first); without it a
+            finished run is reported and not trained again. An
+            unfinished run is resumed either way.
+        backup_steps: also back up every this many steps (inside epochs);
+            `None` backs up at epoch ends and signal stops only.
+        stop_timeout: seconds a main may take, after SIGTERM or SIGINT,
+            to stop every worker at the same step and save a backup;
+            past them it exits without one (the last backup is kept).
     """
 
     model_dir: str
@@ -131,6 +153,9 @@ class CommonConfig:
     precision: str = "float32"
     startup_timeout: float = 300.0
     verbose: bool = False
+    overwrite: bool = False
+    backup_steps: int | None = None
+    stop_timeout: float = 30.0
 
     def __post_init__(self):
         if not self.model_dir:
@@ -186,7 +211,13 @@ class CommonConfig:
                 "`--slurm_port_base` must be a port in [1, 65535]. Received: "
                 f"slurm_port_base={self.slurm_port_base!r}"
             )
-        for name in ("train_steps", "epochs", "eval_steps", "batch_size"):
+        for name in (
+            "train_steps",
+            "epochs",
+            "eval_steps",
+            "batch_size",
+            "backup_steps",
+        ):
             _check_positive_int(name, getattr(self, name))
         _check_positive_int("log_steps", self.log_steps, allow_none=False)
         if (
@@ -198,16 +229,8 @@ class CommonConfig:
                 "`--min_compress_size` must be an integer >= 0. Received: "
                 f"min_compress_size={self.min_compress_size!r}"
             )
-        if (
-            isinstance(self.startup_timeout, bool)
-            or not isinstance(self.startup_timeout, int | float)
-            or not 0 < self.startup_timeout < float("inf")
-        ):
-            raise ValueError(
-                "`--startup_timeout` must be a number of seconds > 0, e.g. "
-                "--startup_timeout=300. Received: "
-                f"startup_timeout={self.startup_timeout!r}"
-            )
+        for name in ("startup_timeout", "stop_timeout"):
+            _check_seconds(name, getattr(self, name))
         if self.learning_rate is not None and not self.learning_rate > 0:
             raise ValueError(
                 "`--learning_rate` must be > 0. Received: "

@@ -35,8 +35,31 @@ def define_common_flags() -> None:
     flags.DEFINE_string(
         "model_dir",
         None,
-        "Directory for checkpoints (BackupAndRestore), TensorBoard summaries "
-        "and summary.json. Only the chief writes here.",
+        "Directory for the backup of an unfinished run, TensorBoard "
+        "summaries, the trained model (model.keras, model.weights.h5) and "
+        "summary.json. Only the chief writes here. The same command run "
+        "again resumes an unfinished run.",
+    )
+    flags.DEFINE_bool(
+        "overwrite",
+        False,
+        "Train again from scratch when --model_dir holds a finished run "
+        "(its files are removed). Without it, a finished run is reported "
+        "and not trained again.",
+    )
+    flags.DEFINE_integer(
+        "backup_steps",
+        None,
+        "Also back up every N steps, inside epochs (each backup gathers "
+        "every worker's state and writes it). Default: at every epoch's "
+        "end and when a signal stops the run.",
+    )
+    flags.DEFINE_float(
+        "stop_timeout",
+        30.0,
+        "Seconds after SIGTERM or SIGINT within which every worker stops "
+        "after the same step and saves a backup; past them the main exits "
+        "without a new backup.",
     )
     flags.DEFINE_enum(
         "compressor",
@@ -238,6 +261,9 @@ def common_config_from_flags(
         precision=f.precision,
         startup_timeout=f.startup_timeout,
         verbose=f.verbose,
+        overwrite=f.overwrite,
+        backup_steps=f.backup_steps,
+        stop_timeout=f.stop_timeout,
     )
 
 

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -16,11 +14,10 @@ import tensorflow as tf
 from absl import logging
 
 import tfgc
+from models.common import backup as backup_lib
 from models.common import callbacks as callbacks_lib
-from models.common import distribution
+from models.common import distribution, stopping
 from models.common.config import CommonConfig
-
-SUMMARY_FILE = "summary.json"
 
 
 @contextlib.contextmanager
@@ -122,7 +119,7 @@ def train_and_evaluate(
     config: CommonConfig,
     strategy: tf.distribute.Strategy,
     model: keras.Model,
-    train_data,
+    train_data: Callable[[int], Any],
     steps_per_epoch: int,
     epochs: int,
     global_batch_size: int,
@@ -131,11 +128,17 @@ def train_and_evaluate(
     derived: Callable[[dict[str, float]], None] | None = None,
     model_config: Mapping[str, Any] | None = None,
     units_per_example: Mapping[str, int] | None = None,
+    signals: stopping.Signals | None = None,
 ) -> dict[str, Any]:
-    """Trains, evaluates and writes `summary.json`; returns the summary.
+    """Trains (or resumes), saves the model, evaluates, writes the summary.
 
-    Every worker runs this whole function (fit and evaluate are
-    collective); only the chief's outputs land in `config.model_dir`.
+    Every worker runs this whole function (fit, the model save and
+    evaluate are collective); only the chief's outputs land in
+    `config.model_dir` (see `models.common.backup` for its layout). A
+    backup left there by an interrupted run is restored first, and
+    training goes on from its step as if it had never stopped. The backup
+    is removed only after `summary.json` (with `"finished": true`) is
+    written.
 
     Args:
         name: the model's name, for the summary.
@@ -143,7 +146,9 @@ def train_and_evaluate(
         strategy: the strategy `model` was built and compiled under.
         model: a compiled model whose optimizer is a `CompressedOptimizer`
             (or a `LossScaleOptimizer` around one, under "mixed_float16").
-        train_data: a (distributed) dataset that does not run out.
+        train_data: `start_step -> dataset`: a (distributed) dataset that
+            does not run out, whose first batch is the one of global step
+            `start_step` (0-based) of a run that never stopped.
         steps_per_epoch: steps in one epoch.
         epochs: number of epochs.
         global_batch_size: examples per step over all replicas.
@@ -155,46 +160,74 @@ def train_and_evaluate(
         model_config: model-specific settings for the summary.
         units_per_example: other throughput units, e.g. `{"tokens": 35}`
             adds `tokens_per_second` to the summary.
+        signals: the main's `stopping.Signals`: SIGTERM or SIGINT during
+            `fit` then stops every worker after the same step with a
+            backup (`stopping.Stopped`).
 
     Returns:
         The run summary (also written as JSON to `<output dir>/summary.json`).
+
+    Raises:
+        stopping.Stopped: a signal stopped the run (the backup is kept).
+        tfgc.callbacks.BackupError: the backup is damaged beyond use.
+        ValueError: the backup was written with other settings.
     """
     chief = distribution.is_chief(strategy)
     out_dir = distribution.output_dir(config.model_dir, strategy)
-    callbacks, throughput = callbacks_lib.make_callbacks(
+    settings = {
+        "config": config.as_dict(),
+        "model_config": dict(model_config or {}),
+        "steps_per_epoch": steps_per_epoch,
+        "global_batch_size": global_batch_size,
+    }
+    run = callbacks_lib.make_callbacks(
         model_dir=config.model_dir,
         output_dir=out_dir,
         global_batch_size=global_batch_size,
         log_steps=config.log_steps,
+        settings=settings,
         extra=extra_callbacks,
+        backup_steps=config.backup_steps,
+        signals=signals,
+        num_workers=distribution.num_workers(strategy),
     )
+    with strategy.scope():
+        restored = run.backup.restore(model)
+    run.run_state.resume(restored)
+    epoch, batch = run.backup.position
     # A live progress bar for a terminal, one line per epoch in log files.
     verbose = (1 if sys.stdout.isatty() else 2) if chief else 0
-    start = time.perf_counter()
-    history = model.fit(
-        train_data,
-        epochs=epochs,
-        steps_per_epoch=steps_per_epoch,
-        callbacks=callbacks,
-        shuffle=False,  # the input pipelines shuffle themselves
-        verbose=verbose,
-    )
-    train_seconds = time.perf_counter() - start
+    try:
+        model.fit(
+            train_data(epoch * steps_per_epoch + batch),
+            epochs=epochs,
+            initial_epoch=epoch,
+            steps_per_epoch=steps_per_epoch,
+            callbacks=run.callbacks,
+            shuffle=False,  # the input pipelines shuffle themselves
+            verbose=verbose,
+        )
+    finally:
+        if signals is not None:
+            signals.training = False
+    throughput = run.throughput
+    train_seconds = run.run_state.train_seconds
     loss_scale = None
     optimizer = model.optimizer
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         loss_scale = float(optimizer.dynamic_scale.numpy())
         optimizer = optimizer.inner_optimizer
     stats = optimizer.compression_stats()
-    train_metrics = {
-        k: v[-1] for k, v in history.history.items() if v and k != "lr"
-    }
-    train_metrics = _floats(train_metrics)
+    model_path, weights_path = backup_lib.save_model(model, out_dir)
+    history = run.run_state.history
+    train_metrics = _floats(
+        {k: v[-1] for k, v in history.items() if v and k != "lr"}
+    )
     if derived is not None:
         derived(train_metrics)
     eval_metrics = {}
     eval_writer = tf.summary.create_file_writer(
-        os.path.join(out_dir, "tensorboard", "eval")
+        os.path.join(out_dir, backup_lib.TENSORBOARD_DIR, "eval")
     )
     for split, (data, steps) in (eval_sets or {}).items():
         results = _floats(
@@ -213,6 +246,8 @@ def train_and_evaluate(
     steps_run = throughput.step
     summary = {
         "model": name,
+        # Written last: a rerun of a finished run does not train again.
+        "finished": True,
         "chief": chief,
         "num_workers": distribution.num_workers(strategy),
         "num_replicas": strategy.num_replicas_in_sync,
@@ -220,6 +255,7 @@ def train_and_evaluate(
         "epochs": epochs,
         "steps_per_epoch": steps_per_epoch,
         "train_steps": steps_run,
+        # Over every process of the run, resumed ones included.
         "train_seconds": train_seconds,
         "examples_per_second": throughput.steady_examples_per_second(),
         "examples_per_second_overall": (
@@ -239,10 +275,10 @@ def train_and_evaluate(
             "compression_ratio": stats.get("compression_ratio"),
         },
         "train": train_metrics,
-        "history": {
-            k: [float(x) for x in v] for k, v in history.history.items()
-        },
+        "history": history,
         "eval": eval_metrics,
+        "saved_model": os.path.basename(model_path),
+        "saved_weights": os.path.basename(weights_path),
         "num_parameters": int(model.count_params()),
         # The dtype policy the model computed in, and the final dynamic
         # loss scale under "mixed_float16" (else None).
@@ -255,11 +291,16 @@ def train_and_evaluate(
     for unit, count in (units_per_example or {}).items():
         summary[f"{unit}_per_second"] = rate * count if rate else None
     eval_writer.close()
-    path = os.path.join(out_dir, SUMMARY_FILE)
-    with open(path, "w") as f:
-        json.dump(summary, f, indent=2, sort_keys=True)
+    path = os.path.join(out_dir, backup_lib.SUMMARY_FILE)
+    backup_lib.write_summary(path, summary)
     if chief:
-        logging.info("Run summary written to %s", path)
+        shutil.rmtree(run.backup.backup_dir, ignore_errors=True)
+        logging.info(
+            "Run summary written to %s; the model to %s and %s",
+            path,
+            model_path,
+            weights_path,
+        )
     else:
         shutil.rmtree(out_dir, ignore_errors=True)
     return summary

@@ -118,22 +118,45 @@ def dataset_fn(
     global_batch_size: int,
     training: bool,
     seed: int = 0,
+    start_step: int = 0,
 ):
     """A `distribute_datasets_from_function` function over fixed windows.
 
-    Each input pipeline takes every `num_input_pipelines`-th window, repeats
-    forever (the caller bounds the steps) and batches per replica.
+    Each input pipeline takes every `num_input_pipelines`-th window,
+    repeats forever (the caller bounds the steps) and batches per replica.
+    For training, each pass over a pipeline's windows is in its own order,
+    a permutation drawn from `(seed, pass number)` alone, and the stream
+    starts at global step `start_step`: a run resumed at step s reads the
+    very batches that step s of a run that never stopped read.
     """
 
     def fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         batch = context.get_per_replica_batch_size(global_batch_size)
-        ds = tf.data.Dataset.from_tensor_slices((inputs, targets))
-        ds = ds.shard(context.num_input_pipelines, context.input_pipeline_id)
+        shard = slice(
+            context.input_pipeline_id, None, context.num_input_pipelines
+        )
+        x = tf.constant(inputs[shard])
+        y = tf.constant(targets[shard])
+        count = len(inputs[shard])
         if training:
-            ds = ds.shuffle(
-                len(inputs), seed=seed, reshuffle_each_iteration=True
+            replicas = (
+                context.num_replicas_in_sync // context.num_input_pipelines
             )
-        ds = ds.repeat().batch(batch, drop_remainder=True)
+            first, offset = divmod(start_step * batch * replicas, count)
+
+            def one_pass(number):
+                order = tf.random.experimental.stateless_shuffle(
+                    tf.range(count),
+                    seed=tf.stack([tf.constant(seed, tf.int64), number]),
+                )
+                return tf.data.Dataset.from_tensor_slices(order)
+
+            ds = tf.data.Dataset.counter(first).flat_map(one_pass)
+            ds = ds.skip(offset)
+        else:
+            ds = tf.data.Dataset.range(count).repeat()
+        ds = ds.map(lambda i: (tf.gather(x, i), tf.gather(y, i)))
+        ds = ds.batch(batch, drop_remainder=True)
         return ds.prefetch(tf.data.AUTOTUNE)
 
     return fn

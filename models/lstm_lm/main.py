@@ -21,14 +21,16 @@ from tfgc import quiet
 quiet.import_tensorflow()
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
 import keras
+import tensorflow as tf
 from absl import flags
 
 import tfgc  # noqa: F401  (fixes Keras model.fit under multi-worker)
-from models.common import distribution, training
+from models.common import backup, distribution, stopping, training
 from models.common import flags as common_flags
 from models.common.callbacks import Perplexity
 from models.common.config import CommonConfig
@@ -114,7 +116,10 @@ def _add_perplexity(results: dict[str, float]) -> None:
 
 
 def run(config: LstmConfig) -> dict[str, Any]:
-    """Trains and evaluates; returns the run summary.
+    """Trains (or resumes) and evaluates; returns the run summary.
+
+    A `--model_dir` that holds a finished run is not trained again (its
+    summary is returned) unless `config.common.overwrite` is set.
 
     Args:
         config: the validated settings.
@@ -122,19 +127,37 @@ def run(config: LstmConfig) -> dict[str, Any]:
     Returns:
         The summary written to `summary.json`; perplexities are under
         `summary["eval"]["valid"|"test"]["perplexity"]`.
+
+    Raises:
+        models.common.stopping.Stopped: SIGTERM or SIGINT stopped the run
+            (exit code 128 + the signal); a backup is kept.
     """
+    return backup.run_unless_finished(
+        config.common, functools.partial(_train, config)
+    )
+
+
+def _train(
+    config: LstmConfig,
+    strategy: tf.distribute.Strategy,
+    signals: stopping.Signals,
+) -> dict[str, Any]:
     c = config.common
     size = config.model_size
-    strategy = distribution.make_strategy(c)
     keras.utils.set_random_seed(c.seed)
     global_batch = config.batch_size * strategy.num_replicas_in_sync
     num_steps = size.num_steps
 
     if c.use_synthetic_data:
         vocab_size = size.vocab_size
-        train_fn = data.synthetic_dataset_fn(
+        synthetic = data.synthetic_dataset_fn(
             vocab_size, num_steps, global_batch, c.seed
         )
+
+        def train_fn(start_step):
+            del start_step  # one batch, repeated
+            return synthetic
+
         steps_per_epoch = c.steps_per_epoch()
         eval_fns = {
             split: (
@@ -149,9 +172,17 @@ def run(config: LstmConfig) -> dict[str, Any]:
         corpus = data.load_corpus(c.data_dir, config.splits[1:])
         vocab_size = corpus.vocab_size
         inputs, targets = data.windows(corpus.train, num_steps)
-        train_fn = data.dataset_fn(
-            inputs, targets, global_batch, training=True, seed=c.seed
-        )
+
+        def train_fn(start_step):
+            return data.dataset_fn(
+                inputs,
+                targets,
+                global_batch,
+                training=True,
+                seed=c.seed,
+                start_step=start_step,
+            )
+
         steps_per_epoch = c.steps_per_epoch(
             data.steps_per_pass(len(inputs), global_batch)
         )
@@ -203,7 +234,9 @@ def run(config: LstmConfig) -> dict[str, Any]:
         config=c,
         strategy=strategy,
         model=lm,
-        train_data=distribution.distribute_dataset(strategy, train_fn),
+        train_data=lambda start_step: distribution.distribute_dataset(
+            strategy, train_fn(start_step)
+        ),
         steps_per_epoch=steps_per_epoch,
         epochs=config.epochs,
         global_batch_size=global_batch,
@@ -219,6 +252,7 @@ def run(config: LstmConfig) -> dict[str, Any]:
             "tokens_per_step": global_batch * num_steps,
         },
         units_per_example={"tokens": num_steps},
+        signals=signals,
     )
     return summary
 

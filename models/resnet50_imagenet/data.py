@@ -209,8 +209,14 @@ def dataset_fn(
     training: bool,
     seed: int = 0,
     shuffle_buffer: int = 10_000,
+    start_step: int = 0,
 ):
     """A function for `strategy.distribute_datasets_from_function`.
+
+    Files are read in parallel and in no fixed order (for speed), so the
+    order of the examples is not reproducible; a training run resumed at
+    `start_step` shuffles with a seed drawn from `(seed, start_step)`, so
+    that it does not replay the order the run started with.
 
     Args:
         data_dir: the dataset directory.
@@ -220,7 +226,12 @@ def dataset_fn(
         training: training (shuffled, augmented) or evaluation pipeline.
         seed: shuffle seed.
         shuffle_buffer: examples in the shuffle buffer.
+        start_step: the global step the training pipeline starts at.
     """
+    if start_step:
+        seed = int(
+            np.random.SeedSequence([seed, start_step]).generate_state(1)[0]
+        )
 
     def fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         batch = context.get_per_replica_batch_size(global_batch_size)

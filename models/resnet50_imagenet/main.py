@@ -25,6 +25,7 @@ from tfgc import quiet
 quiet.import_tensorflow()
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -33,7 +34,7 @@ import tensorflow as tf
 from absl import flags
 
 import tfgc  # noqa: F401  (fixes Keras model.fit under multi-worker)
-from models.common import distribution, training
+from models.common import backup, distribution, training
 from models.common import flags as common_flags
 from models.common.config import CommonConfig
 from models.resnet50_imagenet import data, resnet
@@ -216,31 +217,48 @@ def build_model(config: ResnetConfig) -> keras.Model:
 
 
 def run(config: ResnetConfig) -> dict[str, Any]:
-    """Trains and evaluates; returns the run summary.
+    """Trains (or resumes) and evaluates; returns the run summary.
 
-    Args:
-        config: the validated settings.
-
-    Returns:
-        The summary written to `summary.json`; accuracy is under
-        `summary["eval"]["validation"]["accuracy"]`.
+    Accuracy is under `summary["eval"]["validation"]["accuracy"]`. See
+    `models.common.backup.run_unless_finished` for a finished
+    `--model_dir` and for SIGTERM and SIGINT.
     """
+    return backup.run_unless_finished(
+        config.common, functools.partial(_train, config)
+    )
+
+
+def _train(config: ResnetConfig, strategy, signals) -> dict[str, Any]:
+    """`run` once the strategy exists and the signals are caught."""
     c = config.common
     spec = config.spec
-    strategy = distribution.make_strategy(c)
     keras.utils.set_random_seed(c.seed)
     global_batch = config.batch_size * strategy.num_replicas_in_sync
 
     if c.use_synthetic_data:
-        train_fn = data.synthetic_dataset_fn(spec, global_batch, c.seed)
+        synthetic = data.synthetic_dataset_fn(spec, global_batch, c.seed)
+
+        def train_fn(start_step):
+            del start_step  # one batch, repeated
+            return synthetic
+
         eval_fn = data.synthetic_dataset_fn(spec, global_batch, c.seed + 1)
         steps_per_epoch = c.steps_per_epoch()
         eval_steps = c.eval_steps or SYNTHETIC_EVAL_STEPS
     else:
         source = config.source
-        train_fn = data.dataset_fn(
-            c.data_dir, spec, source, global_batch, training=True, seed=c.seed
-        )
+
+        def train_fn(start_step):
+            return data.dataset_fn(
+                c.data_dir,
+                spec,
+                source,
+                global_batch,
+                training=True,
+                seed=c.seed,
+                start_step=start_step,
+            )
+
         eval_fn = data.dataset_fn(
             c.data_dir, spec, source, global_batch, training=False
         )
@@ -289,7 +307,9 @@ def run(config: ResnetConfig) -> dict[str, Any]:
         config=c,
         strategy=strategy,
         model=model,
-        train_data=distribution.distribute_dataset(strategy, train_fn),
+        train_data=lambda start_step: distribution.distribute_dataset(
+            strategy, train_fn(start_step)
+        ),
         steps_per_epoch=steps_per_epoch,
         epochs=config.epochs,
         global_batch_size=global_batch,
@@ -306,6 +326,7 @@ def run(config: ResnetConfig) -> dict[str, Any]:
             "lr_schedule": config.lr_schedule,
             "label_smoothing": config.label_smoothing,
         },
+        signals=signals,
     )
 
 

@@ -6,9 +6,11 @@ import os
 import shutil
 from pathlib import Path
 
+import h5py
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tfgc
 from models.common import training
@@ -81,3 +83,28 @@ def run_and_check_precision(monkeypatch):
         return summary, model
 
     return check
+
+
+def saved_weights(path) -> dict[str, np.ndarray]:
+    """Every array of a Keras `.weights.h5` file, by its path in it."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(
+            lambda name, item: (
+                out.__setitem__(name, item[()])
+                if isinstance(item, h5py.Dataset)
+                else None
+            )
+        )
+    return out
+
+
+def batch_summary_steps(model_dir) -> list[int]:
+    """The steps of every `batch/loss` scalar in the TensorBoard files."""
+    steps = []
+    for path in sorted((model_dir / "tensorboard" / "train").glob("events.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == "batch/loss":
+                    steps.append(event.step)
+    return steps

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
 
 import keras
 import numpy as np
@@ -12,10 +15,11 @@ from absl.testing import flagsaver
 
 import tfgc
 from models.common import callbacks as callbacks_lib
-from models.common import training
+from models.common import stopping, training
 from models.common.config import CommonConfig
 from models.lstm_lm import data
 from models.lstm_lm import main as lstm_main
+from tests.models.conftest import REPO, batch_summary_steps, saved_weights
 
 FLAGS = flags.FLAGS
 
@@ -209,9 +213,10 @@ def test_restarted_run_resumes_from_backup(tmp_path, monkeypatch):
 
     monkeypatch.setattr(callbacks_lib.Throughput, "on_epoch_end", original)
     summary = lstm_main.run(config)
-    # Only epochs 1 and 2 ran after the restart.
-    assert summary["train_steps"] == 2
-    assert len(summary["history"]["loss"]) == 2
+    # Epochs 1 and 2 ran after the restart; the summary covers all three.
+    assert summary["train_steps"] == 3
+    assert len(summary["history"]["loss"]) == 3
+    assert summary["finished"] is True
     assert not backup.exists()
 
 
@@ -247,3 +252,169 @@ def test_skip_eval_needs_only_the_training_split(tmp_path, ptb_dir):
     assert without.evals == {}
     assert without.vocab_size == with_evals.vocab_size
     np.testing.assert_array_equal(without.train, with_evals.train)
+
+
+def _ptb_config(ptb_dir, model_dir, **kwargs) -> lstm_main.LstmConfig:
+    """The small LSTM on the PTB subset: batch 4, 3 epochs of 2 steps."""
+    settings = dict(
+        model_dir=str(model_dir),
+        data_dir=str(ptb_dir),
+        batch_size=4,
+        train_steps=6,
+        epochs=3,
+        log_steps=1,
+        skip_eval=True,
+        distribution_strategy="one_device",
+        compressor="topk",
+        density=0.01,
+    )
+    settings.update(kwargs)
+    return lstm_main.LstmConfig(common=CommonConfig(**settings))
+
+
+class _Crash(Exception):
+    pass
+
+
+def _signal_at(monkeypatch, step, signum):
+    """Makes the run send itself `signum` after its global step `step`
+    (crash, with `_Crash`, for `signum=None`)."""
+    original = callbacks_lib.Throughput.on_train_batch_end
+
+    def signalling(self, batch, logs=None):
+        original(self, batch, logs)
+        if self.step == step and signum is None:
+            raise _Crash()
+        if self.step == step:
+            os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(
+        callbacks_lib.Throughput, "on_train_batch_end", signalling
+    )
+    return lambda: monkeypatch.setattr(
+        callbacks_lib.Throughput, "on_train_batch_end", original
+    )
+
+
+def test_signals_stop_with_a_backup_and_the_resume_is_exact(
+    ptb_dir, tmp_path, monkeypatch
+):
+    """SIGINT in an epoch's last step (the epoch ends first), SIGTERM
+    inside an epoch, then a crash in the last step (before its backup)
+    with `--backup_steps=1`: each signal stop saves a backup and exits
+    128 + the signal; the rerun ends with the weights of the run that
+    never stopped, bit for bit, and its summary and TensorBoard steps
+    cover all epochs once."""
+    through = lstm_main.run(_ptb_config(ptb_dir, tmp_path / "through"))
+    model_dir = tmp_path / "stopped"
+    config = _ptb_config(ptb_dir, model_dir)
+    backup = tfgc.callbacks.BackupAndRestore(str(model_dir / "backup"))
+
+    # (1, 0): after epoch 1 (its last step); (1, 1): inside epoch 2; (2, 1):
+    # the periodic backup of step 5, inside epoch 3.
+    stops = [
+        (2, signal.SIGINT, (1, 0), config),
+        (3, signal.SIGTERM, (1, 1), config),
+        (6, None, (2, 1), _ptb_config(ptb_dir, model_dir, backup_steps=1)),
+    ]
+    for step, signum, position, stopped_config in stops:
+        restore = _signal_at(monkeypatch, step, signum)
+        expected = stopping.Stopped if signum else _Crash
+        with pytest.raises(expected) as stopped:
+            lstm_main.run(stopped_config)
+        if signum:
+            assert stopped.value.code == 128 + signum
+        assert backup.find_backup()[:2] == position
+        restore()
+    summary = lstm_main.run(config)
+
+    expected = saved_weights(tmp_path / "through" / "model.weights.h5")
+    got = saved_weights(model_dir / "model.weights.h5")
+    assert expected.keys() == got.keys() and expected
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], name)
+    assert summary["train_steps"] == through["train_steps"] == 6
+    for key, values in through["history"].items():
+        if key in ("loss", "perplexity"):
+            # Epoch 2's mean is folded from two parts: float rounding.
+            np.testing.assert_allclose(summary["history"][key], values, 1e-6)
+    assert batch_summary_steps(model_dir) == list(range(1, 7))
+    assert not (model_dir / "backup").exists()
+
+
+def test_a_finished_run_is_reported_not_trained_again(
+    ptb_dir, tmp_path, caplog
+):
+    model_dir = tmp_path / "model"
+    summary = lstm_main.run(
+        _ptb_config(ptb_dir, model_dir, train_steps=2, epochs=1)
+    )
+    assert summary["finished"] is True
+    assert sorted(p.name for p in model_dir.iterdir()) == [
+        "model.keras",
+        "model.weights.h5",
+        "summary.json",
+        "tensorboard",
+    ]
+    written = (model_dir / "summary.json").read_bytes()
+    events = sorted(model_dir.glob("tensorboard/*/events.*"))
+
+    with caplog.at_level(logging.INFO, logger="absl"):
+        again = lstm_main.run(
+            _ptb_config(ptb_dir, model_dir, train_steps=2, epochs=1)
+        )
+    assert "holds a finished run" in caplog.text
+    assert "--overwrite" in caplog.text
+    assert again == summary
+    assert (model_dir / "summary.json").read_bytes() == written
+    assert sorted(model_dir.glob("tensorboard/*/events.*")) == events
+
+    overwritten = lstm_main.run(
+        _ptb_config(ptb_dir, model_dir, train_steps=2, epochs=1, overwrite=True)
+    )
+    assert overwritten["train_seconds"] != summary["train_seconds"]
+    assert not set(model_dir.glob("tensorboard/*/events.*")) & set(events)
+    assert batch_summary_steps(model_dir) == [1, 2]
+
+
+def test_a_backup_of_other_settings_is_refused(ptb_dir, tmp_path, monkeypatch):
+    model_dir = tmp_path / "model"
+    _signal_at(monkeypatch, 3, signal.SIGTERM)
+    with pytest.raises(stopping.Stopped):
+        lstm_main.run(_ptb_config(ptb_dir, model_dir))
+    with pytest.raises(ValueError) as refused:
+        lstm_main.run(_ptb_config(ptb_dir, model_dir, density=0.02))
+    assert "config.density=0.01 there, 0.02 here" in str(refused.value)
+    assert "use another --model_dir" in str(refused.value)
+
+
+def _readme_snippet(marker: str) -> str:
+    """The python block after `marker` in models/README.md."""
+    text = (REPO / "models" / "README.md").read_text()
+    after = text[text.index(marker) :]
+    start = after.index("```python\n") + len("```python\n")
+    return after[start : after.index("```", start)]
+
+
+def test_the_saved_model_loads_for_evaluation_as_documented(
+    ptb_dir, tmp_path, capsys
+):
+    model_dir = tmp_path / "lstm"
+    summary = lstm_main.run(
+        _ptb_config(ptb_dir, model_dir, train_steps=2, epochs=1)
+    )
+    code = _readme_snippet("<!-- load-the-trained-lstm -->")
+    code = code.replace("/tmp/lstm", str(model_dir))
+    code = code.replace("/data/ptb", str(ptb_dir))
+    scope = {}
+    exec(compile(code, "models/README.md", "exec"), scope)
+    assert "test perplexity:" in capsys.readouterr().out
+    trained, fresh = scope["trained"], scope["fresh"]
+    for a, b in zip(trained.get_weights(), fresh.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # The .keras file kept tfgc's optimizer, its compressor and its step.
+    optimizer = trained.optimizer
+    assert isinstance(optimizer, tfgc.CompressedOptimizer)
+    assert isinstance(optimizer.compressor, tfgc.compressors.TopK)
+    assert int(optimizer.iterations) == summary["train_steps"] == 2
+    assert np.isfinite(scope["loss"])

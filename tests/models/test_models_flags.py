@@ -203,6 +203,16 @@ def _main(module, argv):
                 "`--communicator=allreduce` cannot carry what "
                 "--compressor=importance sends (broadcast)",
             ),
+            (
+                ["--backup_steps=0"],
+                "`--backup_steps` must be an integer >= 1. Received: "
+                "backup_steps=0",
+            ),
+            (
+                ["--stop_timeout=0"],
+                "`--stop_timeout` must be a number of seconds > 0, e.g. "
+                "--stop_timeout=30. Received: stop_timeout=0.0",
+            ),
         ]
     ],
 )
@@ -423,6 +433,11 @@ def _parsed_config(argv):
         ([], dict(precision="float32")),
         (["--precision=mixed_float16"], dict(precision="mixed_float16")),
         (["--precision=mixed_bfloat16"], dict(precision="mixed_bfloat16")),
+        ([], dict(overwrite=False, stop_timeout=30.0, backup_steps=None)),
+        (
+            ["--overwrite", "--stop_timeout=5", "--backup_steps=100"],
+            dict(overwrite=True, stop_timeout=5.0, backup_steps=100),
+        ),
     ],
 )
 def test_new_flags_round_trip_through_the_config(tmp_path, argv, expected):

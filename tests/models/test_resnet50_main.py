@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+import tfgc
 from models.common import training
 from models.common.config import CommonConfig
 from models.resnet50_imagenet import data, resnet
@@ -125,6 +127,18 @@ def test_cifar_sized_synthetic_end_to_end(tmp_path):
     stats = summary["bytes_per_step"]
     assert stats["compression_ratio"] > 5
     assert np.isfinite(summary["train"]["loss"])
+    # The saved model, with its WarmupDecay schedule and tfgc optimizer.
+    trained = keras.models.load_model(tmp_path / "model" / "model.keras")
+    assert isinstance(trained.optimizer, tfgc.CompressedOptimizer)
+    schedule = trained.optimizer.inner_optimizer.get_config()["learning_rate"]
+    assert schedule["class_name"] == "WarmupDecay"
+    assert int(trained.optimizer.iterations) == 4
+    fresh = resnet_main.build_model(_config(tmp_path))
+    fresh.load_weights(tmp_path / "model" / "model.weights.h5")
+    for a, b in zip(fresh.get_weights(), trained.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # Finished: the same run again trains nothing.
+    assert resnet_main.run(_config(tmp_path)) == on_disk
 
 
 @pytest.mark.parametrize("precision", ["mixed_bfloat16", "mixed_float16"])

@@ -16,8 +16,9 @@ worker fails, the others are stopped and the launcher exits with the
 failing worker's exit code; on ``--timeout`` it exits with 124.
 
 Stopping is gentle first: the workers get SIGTERM once (the training mains
-then save a backup and exit), then ``--grace`` seconds (default 30) to
-exit, and only then SIGKILL. Ctrl-C (SIGINT) or SIGTERM to the launcher
+then save a backup and exit), then ``--grace`` seconds (default 40, above
+the mains' default ``--stop_timeout`` of 30) to exit, and only then
+SIGKILL. Ctrl-C (SIGINT) or SIGTERM to the launcher
 stops the workers that way (exit code 130 or 143); a second Ctrl-C or
 SIGTERM during the grace period kills them at once.
 

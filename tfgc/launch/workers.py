@@ -27,8 +27,9 @@ EXIT_SIGINT = 128 + signal.SIGINT
 EXIT_SIGTERM = 128 + signal.SIGTERM
 #: Exit code used when a worker command cannot be started at all.
 EXIT_CANNOT_START = 127
-#: Seconds between SIGTERM and SIGKILL: room for a main to save a backup.
-DEFAULT_GRACE = 30.0
+#: Seconds between SIGTERM and SIGKILL: room for a main to stop and save a
+#: backup within its `--stop_timeout` (30 s by default).
+DEFAULT_GRACE = 40.0
 
 _POLL_S = 0.05
 _LAUNCH_PREFIX = "[launch] "
