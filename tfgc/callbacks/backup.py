@@ -1,145 +1,32 @@
-"""Keras callbacks: what compression saves, and crash-safe backups that
-keep every worker's compressor state."""
+"""`BackupAndRestore`: Keras's backup callback for MultiWorkerMirroredStrategy,
+crash-safe, with every worker's compressor state."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import keras
+
+from tfgc.callbacks.files import (
+    TEMPORARY_PREFIX,
+    fsync,
+    sha256,
+    write_json_atomically,
+)
 
 #: The file in a backup directory that says which weights file is current.
 METADATA_FILE = "training_metadata.json"
 # What Keras's own callback writes (read for backups it left behind).
 _KERAS_WEIGHTS_FILE = "latest.weights.h5"
 _WEIGHTS_FILE = re.compile(r"^ckpt-(\d+)\.weights\.h5$")
-_TEMPORARY_PREFIX = ".tmp-"
-
-
-def _find_compressed(optimizer):
-    from tfgc.optimizers import CompressedOptimizer
-
-    while optimizer is not None:
-        if isinstance(optimizer, CompressedOptimizer):
-            return optimizer
-        optimizer = getattr(optimizer, "inner_optimizer", None)
-    return None
-
-
-class CompressionStats(keras.callbacks.Callback):
-    """Adds `CompressedOptimizer.compression_stats()` to the logs.
-
-    Put this callback in `model.fit(callbacks=[...])`; the progress bar,
-    `History`, TensorBoard and CSV loggers then show the values like any
-    metric. All are per worker, in bytes before the collective's own
-    transport factor (a ring all-reduce moves 2(p-1)/p of its buffer per
-    worker). Of the last step:
-
-    - `sent_bytes`: the compressed payloads this worker sent, measured
-      from the tensors.
-    - `overhead_bytes`: what went on the wire beyond them (headers, and
-      the padding of gathers whose payloads differ in size between
-      workers).
-    - `intra_host_bytes`: what stayed inside the host (the hierarchical
-      communicator; 0 otherwise).
-    - `dense_bytes`: what an uncompressed all-reduce of the same
-      gradients carries.
-    - `compression_ratio`: dense / (sent + overhead).
-
-    Over every step since the optimizer was built:
-
-    - `run_steps`: the steps counted.
-    - `run_mean_bytes`: (sent + overhead) per step.
-    - `run_compression_ratio`: dense / run_mean_bytes (with SBC's
-      communication delay most steps send nothing, so this, not the last
-      step's ratio, is what the run saved).
-    """
-
-    def _add(self, logs):
-        if logs is None:
-            return
-        optimizer = _find_compressed(getattr(self.model, "optimizer", None))
-        if optimizer is None:
-            raise ValueError(
-                "CompressionStats needs a model compiled with a "
-                "tfgc.CompressedOptimizer. Received optimizer: "
-                f"{getattr(self.model, 'optimizer', None)!r}"
-            )
-        logs.update(optimizer.compression_stats())
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._add(logs)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._add(logs)
-
-
-def _fsync(path: str) -> None:
-    """Flushes a file (or a directory's entries) to the disk."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some file systems cannot sync a directory
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def atomic_file(path: str | os.PathLike) -> Iterator[str]:
-    """Yields a temporary path beside `path` that then replaces `path`.
-
-    Write the file to the yielded path: its name ends as `path`'s does, so
-    Keras accepts it for `.keras` and `.weights.h5` files. When the block
-    ends without an error, the file is flushed to the disk and renamed to
-    `path` in one step, so a reader (or a rerun after a crash) finds
-    either the old file or the whole new one, never a torn one. On an
-    error the temporary file is removed and `path` is left as it was.
-
-    Args:
-        path: the file to write, on a local or shared POSIX file system.
-    """
-    path = os.fspath(path)
-    directory, name = os.path.split(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    temporary = os.path.join(
-        directory, f"{_TEMPORARY_PREFIX}{os.getpid()}-{name}"
-    )
-    try:
-        yield temporary
-        _fsync(temporary)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise
-    _fsync(directory)
-
-
-def write_json_atomically(path: str | os.PathLike, value: Any) -> None:
-    """Writes `value` as JSON to `path` with `atomic_file`."""
-    with atomic_file(path) as temporary:
-        with open(temporary, "w") as f:
-            json.dump(value, f, indent=2, sort_keys=True)
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class BackupError(RuntimeError):
@@ -268,7 +155,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         size = os.path.getsize(path)
         if entry.get("bytes") is not None and size != entry["bytes"]:
             return f"{size} bytes where {entry['bytes']} were written"
-        if entry.get("sha256") and _sha256(path) != entry["sha256"]:
+        if entry.get("sha256") and sha256(path) != entry["sha256"]:
             return "its SHA-256 differs from the one written with it"
         return None
 
@@ -420,14 +307,14 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         path = os.path.join(self.backup_dir, name)
         # A new name: until the metadata points at it, nothing reads it.
         self.model.save_weights(path)
-        _fsync(path)
+        fsync(path)
         epoch, batch = self.position
         metadata = {
             "epoch": epoch,
             "batch": batch,
             "weights": name,
             "bytes": os.path.getsize(path),
-            "sha256": _sha256(path),
+            "sha256": sha256(path),
             "serial": serial,
             "extra": extra,
         }
@@ -454,7 +341,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         for name in os.listdir(self.backup_dir):
             unused = (
                 _WEIGHTS_FILE.match(name)
-                or name.startswith(_TEMPORARY_PREFIX)
+                or name.startswith(TEMPORARY_PREFIX)
                 or name == _KERAS_WEIGHTS_FILE
                 or name.endswith(".bkp")
             )
