@@ -88,12 +88,14 @@ setuptools.setup(
         "demo": ["scikit-learn>=1.3"],
         # The benchmark lab's plots (benchmarks/lab/report.py).
         "bench": ["matplotlib>=3.7"],
-        # matplotlib: tests/benchmarks runs the lab end to end.
+        # matplotlib: tests/benchmarks runs the lab end to end. ruff is
+        # pinned: CI checks the tree with it, and versions format apart.
         "test": [
             "pytest>=8",
             "hypothesis>=6",
             "scikit-learn>=1.3",
             "matplotlib>=3.7",
+            "ruff==0.17.6",
         ],
     },
 )

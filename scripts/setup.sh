@@ -20,7 +20,7 @@ echo "[setup] installing TensorFlow and tfgc[cpu,demo,models,test,bench] (first 
 # With TFGC_REQUIRE_CUDA_CHECKS=1 (.ci/run sets it), also the CUDA 12.5
 # headers that TensorFlow 2.21's GPU build was compiled with (23 MB from
 # PyPI; the nvcc package for its crt/ headers, it has no nvcc), so that the
-# tests compile the kernels' GOOGLE_CUDA glue (tests/test_cuda_build.py).
+# tests compile the kernels' GOOGLE_CUDA glue (tests/custom_ops/test_cuda_build.py).
 if [ "${TFGC_REQUIRE_CUDA_CHECKS:-0}" = 1 ]; then
   echo "[setup] installing CUDA 12 headers for the GOOGLE_CUDA compile check"
   "${pip[@]}" "nvidia-cuda-runtime-cu12==12.5.82" \

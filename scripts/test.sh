@@ -4,7 +4,7 @@
 # With TFGC_REQUIRE_CUSTOM_OPS=1 (.ci/run sets it) the run fails at once
 # when the compiled ops did not build, instead of testing the fallback.
 # With TFGC_REQUIRE_CUDA_CHECKS=1 (.ci/run sets it too) the CUDA compile
-# check in tests/test_cuda_build.py fails instead of skipping without CUDA
+# check in tests/custom_ops/test_cuda_build.py fails instead of skipping without CUDA
 # headers or nvcc (setup.sh then installs the headers).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,7 +3,7 @@ pruning, ACP-SGD, TopK, RandomK, EF-SignSGD, PowerSGD, FP16, BF16 and
 Identity as tfgc runs them.
 
 numpy only (no TensorFlow): the multi-worker tests
-(tests/test_paper_algorithms_multiworker.py) replay every worker's
+(tests/multiworker/test_paper_algorithms.py) replay every worker's
 gradients through these functions and compare, step by step, with what
 `tfgc.CompressedOptimizer(keras.optimizers.SGD(lr), ...)` did in real
 worker processes. The selection itself is `np_select`, the numpy oracle

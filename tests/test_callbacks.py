@@ -1,7 +1,7 @@
 """`tfgc.callbacks.BackupAndRestore`: crash-safe writes, damaged backups
 named and the previous one used, and an exact resume inside an epoch.
-The multi-worker runs are in test_checkpoint_multiworker.py and
-test_fault_tolerance_multiworker.py."""
+The multi-worker runs are in tests/multiworker/test_checkpoint.py and
+tests/multiworker/test_fault_tolerance.py."""
 
 import json
 import os

@@ -1,7 +1,7 @@
 """`models.common.stopping.Signals`: what SIGTERM and SIGINT do to a main
 outside and inside `fit`, and the watchdog that bounds the stop. The
 stops of real training runs are in test_lstm_lm_main.py and
-test_models_multiworker.py."""
+tests/models/test_models_multiworker.py."""
 
 from __future__ import annotations
 

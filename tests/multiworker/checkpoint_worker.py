@@ -1,4 +1,4 @@
-"""Runs inside every worker of tests/test_checkpoint_multiworker.py.
+"""Runs inside every worker of tests/multiworker/test_checkpoint.py.
 
 Trains two epochs with TopK and error feedback under
 MultiWorkerMirroredStrategy, each worker on its own share of the data (so
@@ -23,14 +23,14 @@ import numpy as np
 import tensorflow as tf
 
 import tfgc
-from tests.test_keras_configurations import (
+from tests.keras_models import (
     fit_small_model,
     small_model,
     worker_batches,
 )
+from tests.multiworker.test_checkpoint import EXIT_AFTER_FIRST_EPOCH
 
 LOCAL_BATCH, STEPS, EPOCHS = 8, 4, 2
-EXIT_AFTER_FIRST_EPOCH = 17
 
 
 def make_optimizer():

@@ -1,4 +1,4 @@
-"""Runs inside every worker of tests/test_determinism_multiworker.py.
+"""Runs inside every worker of tests/multiworker/test_determinism.py.
 
 Trains a few steps with each compressor whose choices come from shared
 randomness (random-k positions, importance pruning's root, PowerSGD's
@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfgc
-from tests.test_keras_configurations import (
+from tests.keras_models import (
     fit_small_model,
     small_model,
     worker_batches,

@@ -1,4 +1,4 @@
-"""Runs inside every worker process of tests/test_multiworker.py.
+"""Runs inside every worker process of tests/multiworker/test_fit.py.
 
 Started by `tfgc.launch` with TF_CONFIG set; writes what it measured to
 `<out>/worker<i>.npz` for the test to compare across workers.

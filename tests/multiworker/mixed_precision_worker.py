@@ -1,4 +1,4 @@
-"""Runs inside every worker of tests/test_keras_configurations_multiworker.py.
+"""Runs inside every worker of tests/multiworker/test_keras_configurations.py.
 
 Trains with the `mixed_float16` policy (Keras wraps the optimizer in a
 LossScaleOptimizer) under MultiWorkerMirroredStrategy, with and without an
@@ -12,7 +12,7 @@ import keras
 import numpy as np
 
 import tfgc
-from tests.test_keras_configurations import fit_small_model, worker_batches
+from tests.keras_models import fit_small_model, worker_batches
 from tests.workers import start_worker
 
 LOCAL_BATCH, STEPS = 8, 6

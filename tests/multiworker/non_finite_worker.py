@@ -1,4 +1,4 @@
-"""Runs inside every worker of tests/test_non_finite_policy_multiworker.py.
+"""Runs inside every worker of tests/multiworker/test_non_finite_policy.py.
 
 Trains in float32 under MultiWorkerMirroredStrategy with an Inf in the last
 worker's share of one batch, under each `non_finite` policy, and writes
@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import tfgc
-from tests.test_keras_configurations import fit_small_model, worker_batches
+from tests.keras_models import fit_small_model, worker_batches
 from tests.workers import start_worker
 
 LOCAL_BATCH, STEPS = 8, 6

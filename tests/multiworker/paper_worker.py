@@ -1,4 +1,4 @@
-"""Runs inside every worker of tests/test_paper_algorithms_multiworker.py.
+"""Runs inside every worker of tests/multiworker/test_paper_algorithms.py.
 
 Started by `tfgc.launch.run` (TF_CONFIG set, `hosts=` hosts on loopback
 addresses). Every scenario trains a few variables with
@@ -32,6 +32,22 @@ import numpy as np
 import tensorflow as tf
 
 import tfgc
+from tests.multiworker.test_paper_algorithms import (
+    ACP_BUCKET_BYTES,
+    ACP_RANK,
+    DENSITY,
+    HIER_DENSE_THRESHOLD,
+    LR,
+    MIN_COMPRESS_SIZE,
+    MOMENTUM,
+    MSTOPK_ROUNDS,
+    POWERSGD_RANK,
+    SBC_RUNS,
+    SBC_ZEROS,
+    SEED,
+    SHAPES,
+    STEPS,
+)
 from tfgc.communicators import collectives, probe
 from tfgc.communicators import topology as topology_lib
 from tfgc.compressors import (
@@ -50,25 +66,6 @@ from tfgc.compressors import (
     TopK,
     importance,
 )
-
-STEPS = 5
-LR = 0.1
-SEED = 3
-DENSITY = 0.02
-MOMENTUM = 0.9
-# Few bisection rounds: MSTopK then fills k from the band, a slice whose
-# start the shared seed picks (with 20 rounds this data hits k exactly).
-MSTOPK_ROUNDS = 4
-MIN_COMPRESS_SIZE = 500
-# (41, 50): rows that 2 workers of a host split unevenly (zero padding);
-# (3001,): a 1-D tensor split in pieces; (7,): always dense; (33, 17): 561
-# elements, compressed by the flat exchange, dense under the hierarchical
-# one (dense_threshold 1000).
-SHAPES = ((41, 50), (3001,), (7,), (33, 17))
-HIER_DENSE_THRESHOLD = 1000
-ACP_RANK = 3
-ACP_BUCKET_BYTES = 8000
-POWERSGD_RANK = 3
 
 # --- recording the collectives -----------------------------------------------
 
@@ -532,17 +529,6 @@ def bad_setups(strategy, task, results):
 
 
 # --- SBC, importance-weighted pruning, ACP-SGD -------------------------------
-
-SBC_RUNS = {
-    # name: (SBC arguments, steps, data seed)
-    "sbc": (dict(density=DENSITY, delay=1), 4, 5),
-    "sbc_delay3": (dict(density=DENSITY, delay=3), 6, 6),
-    "sbc_dense": (dict(density=1.0, delay=1, binarize=False), 3, 7),
-}
-#: (task, step, var): SBC's delay-1 run gives worker 0 a zero gradient for
-#: (33, 17) at step 0, so its update (and residual) is zero: it sends no
-#: position and no value.
-SBC_ZEROS = ((0, 0, 3),)
 
 
 def sbc_runs(strategy, task, results):

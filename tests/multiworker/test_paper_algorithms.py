@@ -28,27 +28,39 @@ from tests import numpy_reference as ref
 from tfgc import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-WORKER = os.path.join(HERE, "multiworker", "paper_worker.py")
+ROOT = os.path.dirname(os.path.dirname(HERE))
+WORKER = os.path.join(HERE, "paper_worker.py")
 pytestmark = pytest.mark.multiworker
 
-# As in tests/multiworker/paper_worker.py.
+# The runs of paper_worker.py, which imports these.
+STEPS = 5
 LR = 0.1
 SEED = 3
 DENSITY = 0.02
+# Few bisection rounds: MSTopK then fills k from the band, a slice whose
+# start the shared seed picks (with 20 rounds this data hits k exactly).
 MSTOPK_ROUNDS = 4
 MOMENTUM = 0.9
 MIN_COMPRESS_SIZE = 500
-HIER_DENSE_THRESHOLD = 1000
+# (41, 50): rows that 2 workers of a host split unevenly (zero padding);
+# (3001,): a 1-D tensor split in pieces; (7,): always dense; (33, 17): 561
+# elements, compressed by the flat exchange, dense under the hierarchical
+# one (dense_threshold 1000).
 SHAPES = ((41, 50), (3001,), (7,), (33, 17))
+HIER_DENSE_THRESHOLD = 1000
 SBC_RUNS = {
+    # name: (SBC arguments, steps, data seed)
     "sbc": (dict(density=DENSITY, delay=1), 4, 5),
     "sbc_delay3": (dict(density=DENSITY, delay=3), 6, 6),
     "sbc_dense": (dict(density=1.0, delay=1, binarize=False), 3, 7),
 }
+#: (task, step, var): SBC's delay-1 run gives worker 0 a zero gradient for
+#: (33, 17) at step 0, so its update (and residual) is zero: it sends no
+#: position and no value.
 SBC_ZEROS = ((0, 0, 3),)
 ACP_RANK = 3
 ACP_BUCKET_BYTES = 8000
+POWERSGD_RANK = 3
 DENSE_BYTES = 4 * sum(int(np.prod(s)) for s in SHAPES)
 
 # Sums over workers may be added in another order by the collectives.
@@ -934,7 +946,6 @@ def test_acpsgd_factor_of_the_sum_is_the_sum_of_the_factors(run):
 
 # --- 10. TopK, RandomK, SignSGD, FP16, BF16, Identity, PowerSGD -------------
 
-POWERSGD_RANK = 3
 # (41, 50), (3001,) and (33, 17) with error feedback; (7,) is small: dense.
 ONE_ROUND_PLANS = [
     "ErrorFeedback",

@@ -1,7 +1,7 @@
 """Saving and loading every replica's compressor state (Keras saving:
 `save_weights`, `.keras`, `BackupAndRestore`), in one process with several
 local replicas. The multi-worker runs, with a real interruption, are in
-test_checkpoint_multiworker.py."""
+tests/multiworker/test_checkpoint.py."""
 
 import re
 
@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import tfgc
-from tests.test_keras_configurations import _data, fit_small_model, small_model
+from tests.keras_models import data, fit_small_model, small_model
 from tfgc import compressors
 
 # The wrapper's variables that are not compressor state.
@@ -61,7 +61,7 @@ def test_every_replica_gets_its_own_state_back(
     mirrored, tmp_path, name, compressor
 ):
     make = _optimizer(compressor)
-    trained = fit_small_model(mirrored, make, *_data(), batch_size=16)
+    trained = fit_small_model(mirrored, make, *data(), batch_size=16)
     saved = _per_replica(trained.optimizer)
     states = [k for k in saved if not re.search(_NOT_STATE, k)]
     assert states, sorted(saved)
@@ -85,7 +85,7 @@ def test_every_replica_gets_its_own_state_back(
 
 
 def test_training_on_after_loading_equals_training_through(mirrored, tmp_path):
-    x, y = _data(rows=128)
+    x, y = data(rows=128)
     through = fit_small_model(mirrored, _optimizer(), x, y, batch_size=16)
     half = fit_small_model(
         mirrored, _optimizer(), x[:64], y[:64], batch_size=16
@@ -102,7 +102,7 @@ def test_training_on_after_loading_equals_training_through(mirrored, tmp_path):
 def test_another_number_of_replicas_resets_the_state_with_a_warning(
     mirrored, tmp_path
 ):
-    trained = fit_small_model(mirrored, _optimizer(), *_data(), batch_size=16)
+    trained = fit_small_model(mirrored, _optimizer(), *data(), batch_size=16)
     path = str(tmp_path / "four.weights.h5")
     trained.save_weights(path)
     one = _fresh(tf.distribute.get_strategy(), _optimizer())
@@ -119,7 +119,7 @@ def test_another_number_of_replicas_resets_the_state_with_a_warning(
 
 
 def test_a_keras_file_holds_every_replica(mirrored, tmp_path):
-    trained = fit_small_model(mirrored, _optimizer(), *_data(), batch_size=16)
+    trained = fit_small_model(mirrored, _optimizer(), *data(), batch_size=16)
     path = str(tmp_path / "model.keras")
     trained.save(path)
     with mirrored.scope():
@@ -136,7 +136,7 @@ def test_tf_train_checkpoint_gives_every_replica_its_state(
 ):
     """Restored into a built optimizer, or before its build (deferred
     restoration, as when a run resumes before its first step)."""
-    trained = fit_small_model(mirrored, _optimizer(), *_data(), batch_size=16)
+    trained = fit_small_model(mirrored, _optimizer(), *data(), batch_size=16)
     saved = _per_replica(trained.optimizer)
     path = tf.train.Checkpoint(model=trained, optimizer=trained.optimizer).save(
         str(tmp_path / "ckpt")

@@ -3,8 +3,8 @@ and mixed float16, float8, gradient accumulation, raw variables, and the
 user's optimizer object after wrapping. Each test compares with what plain
 Keras does (or would do, where Keras itself fails under a strategy).
 
-The multi-worker mixed float16 runs are in test_keras_configurations_
-multiworker.py.
+The multi-worker mixed float16 runs are in
+tests/multiworker/test_keras_configurations.py.
 """
 
 import keras
@@ -13,83 +13,13 @@ import pytest
 import tensorflow as tf
 
 import tfgc
+from tests.keras_models import (
+    FEATURES,
+    GLOBAL_BATCH,
+    data,
+    fit,
+)
 from tfgc import compressors
-
-FEATURES, GLOBAL_BATCH = 8, 16
-
-
-def _data(rows=64, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows, FEATURES)).astype("float32")
-    y = (x @ rng.normal(size=(FEATURES, 1))).astype("float32")
-    return x, y
-
-
-def small_model(strategy, make_optimizer):
-    """The small regression model, seeded and compiled in `strategy`."""
-    keras.utils.set_random_seed(0)
-    with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((FEATURES,)),
-                keras.layers.Dense(16, activation="tanh"),
-                keras.layers.Dense(1, dtype="float32"),
-            ]
-        )
-        model.compile(make_optimizer(), "mse", jit_compile=False)
-    return model
-
-
-def fit_small_model(strategy, make_optimizer, x, y=None, policy=None, **fit):
-    """Trains a small regression model (one epoch unless `epochs=` is
-    given, in order); returns it.
-
-    `x`, `y` and `fit` go to `model.fit` (`x` may be a dataset).
-    """
-    previous = keras.mixed_precision.global_policy()
-    if policy:
-        keras.mixed_precision.set_global_policy(policy)
-    try:
-        model = small_model(strategy, make_optimizer)
-        model.fit(x, y, verbose=0, shuffle=False, **{"epochs": 1, **fit})
-    finally:
-        keras.mixed_precision.set_global_policy(previous)
-    return model
-
-
-def worker_batches(
-    num_workers, local_batch, steps, value=None, at_step=0, drop_step=False
-):
-    """A dataset of `steps` global batches for MultiWorkerMirroredStrategy
-    (DATA sharding, worker i reads rows [i * local_batch, (i + 1) *
-    local_batch) of each), and its number of batches.
-
-    With `value`, the last worker's first row of batch `at_step` is set to
-    it; `drop_step` leaves that batch out.
-    """
-    rng = np.random.default_rng(0)
-    global_batch = local_batch * num_workers
-    x = rng.normal(size=(global_batch * steps, FEATURES)).astype("float32")
-    y = (x @ rng.normal(size=(FEATURES, 1))).astype("float32")
-    rows = slice(at_step * global_batch, (at_step + 1) * global_batch)
-    if value is not None:
-        x[rows.start + (num_workers - 1) * local_batch] = value
-    if drop_step:
-        keep = np.ones(len(x), bool)
-        keep[rows] = False
-        x, y = x[keep], y[keep]
-    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = (
-        tf.data.experimental.AutoShardPolicy.DATA
-    )
-    return ds.with_options(options), len(x) // global_batch
-
-
-def _fit(strategy, make_optimizer, x, y, batch=GLOBAL_BATCH, policy=None):
-    return fit_small_model(
-        strategy, make_optimizer, x, y, policy=policy, batch_size=batch
-    )
 
 
 def _assert_same_weights(got, expected, **tolerance):
@@ -113,13 +43,13 @@ def test_loss_scale_factor_of_the_inner_optimizer_is_applied_once():
 
 
 def test_loss_scale_factor_in_fit_matches_plain_keras(mirrored):
-    x, y = _data()
+    x, y = data()
 
     def inner():
         return keras.optimizers.SGD(0.05, loss_scale_factor=64.0)
 
-    plain = _fit(mirrored, inner, x, y)
-    wrapped = _fit(mirrored, lambda: tfgc.CompressedOptimizer(inner()), x, y)
+    plain = fit(mirrored, inner, x, y)
+    wrapped = fit(mirrored, lambda: tfgc.CompressedOptimizer(inner()), x, y)
     _assert_same_weights(wrapped, plain, rtol=1e-5, atol=1e-6)
 
 
@@ -130,13 +60,13 @@ def test_loss_scale_optimizer_inside_is_refused_with_the_fix():
 
 
 def test_mixed_float16_wraps_and_matches_plain_keras(mirrored):
-    x, y = _data()
+    x, y = data()
 
     def inner():
         return keras.optimizers.SGD(0.05)
 
-    plain = _fit(mirrored, inner, x, y, policy="mixed_float16")
-    wrapped = _fit(
+    plain = fit(mirrored, inner, x, y, policy="mixed_float16")
+    wrapped = fit(
         mirrored,
         lambda: tfgc.CompressedOptimizer(inner()),
         x,
@@ -161,7 +91,7 @@ def test_mixed_float16_skips_a_step_with_inf_on_one_replica_everywhere(
     Keras decides from the first replica's own gradients; here only the
     last replica overflows, so Keras alone would apply the Inf.
     """
-    x, y = _data()
+    x, y = data()
     per_replica = GLOBAL_BATCH // mirrored.num_replicas_in_sync
     # Second batch, last replica's share: float16 overflows there.
     x[2 * GLOBAL_BATCH - per_replica] = 1e5
@@ -173,8 +103,8 @@ def test_mixed_float16_skips_a_step_with_inf_on_one_replica_everywhere(
             min_compress_size=0,
         )
 
-    clean = _fit(mirrored, wrapped, *_data(), policy="mixed_float16")
-    model = _fit(mirrored, wrapped, x, y, policy="mixed_float16")
+    clean = fit(mirrored, wrapped, *data(), policy="mixed_float16")
+    model = fit(mirrored, wrapped, x, y, policy="mixed_float16")
     for w in model.get_weights():
         assert np.all(np.isfinite(w))
     # One step more skipped than without the Inf, and the scale halved
@@ -243,9 +173,9 @@ def _overwritten(model):
 
 
 def test_float8_scales_are_passed_untouched(mirrored):
-    x, y = _data()
+    x, y = data()
 
-    def fit(make_optimizer):
+    def fit_float8(make_optimizer):
         with mirrored.scope():
             model = _float8_model()
             model.compile(make_optimizer(), "mse")
@@ -258,10 +188,10 @@ def test_float8_scales_are_passed_untouched(mirrored):
         )
         return model
 
-    plain = fit(lambda: keras.optimizers.SGD(0.05))
+    plain = fit_float8(lambda: keras.optimizers.SGD(0.05))
     # TopK on everything would zero most of a scale history if it were
     # compressed like a gradient, and the sum over replicas would scale it.
-    wrapped = fit(
+    wrapped = fit_float8(
         lambda: tfgc.CompressedOptimizer(
             keras.optimizers.SGD(0.05),
             compressors.TopK(density=0.1),
@@ -298,11 +228,11 @@ def test_accumulation_equals_one_step_on_the_whole_batch(mirrored):
     (Keras's own accumulation fails under MirroredStrategy on CPU: its
     update is a merge_call inside tf.cond.)
     """
-    x, y = _data()
-    plain = _fit(
+    x, y = data()
+    plain = fit(
         tf.distribute.get_strategy(), _sgd, x, y, batch=2 * GLOBAL_BATCH
     )
-    wrapped = _fit(
+    wrapped = fit(
         mirrored,
         lambda: tfgc.CompressedOptimizer(_sgd(2), min_compress_size=0),
         x,
@@ -317,10 +247,10 @@ def test_accumulation_equals_one_step_on_the_whole_batch(mirrored):
 
 
 def test_accumulation_exchanges_once_per_update(mirrored):
-    x, y = _data()
+    x, y = data()
 
     def stats(accumulate):
-        model = _fit(
+        model = fit(
             mirrored,
             lambda: tfgc.CompressedOptimizer(
                 _sgd(accumulate),
@@ -390,15 +320,15 @@ def test_raw_tf_variable_named_in_a_shape_error():
 
 
 def test_wrapped_optimizer_still_sums_when_used_on_its_own(mirrored):
-    x, y = _data()
-    reference = _fit(mirrored, lambda: keras.optimizers.SGD(0.05), x, y)
+    x, y = data()
+    reference = fit(mirrored, lambda: keras.optimizers.SGD(0.05), x, y)
 
     def used_alone_after_wrapping():
         sgd = keras.optimizers.SGD(0.05)
         tfgc.CompressedOptimizer(sgd)
         return sgd
 
-    reused = _fit(mirrored, used_alone_after_wrapping, x, y)
+    reused = fit(mirrored, used_alone_after_wrapping, x, y)
     _assert_same_weights(reused, reference, rtol=1e-6)
 
 

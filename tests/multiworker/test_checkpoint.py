@@ -10,7 +10,8 @@ from tests.workers import launch_worker_script
 pytestmark = pytest.mark.multiworker
 
 NUM_WORKERS = 2
-EXIT_AFTER_FIRST_EPOCH = 17  # checkpoint_worker.py
+#: How checkpoint_worker.py exits after the first epoch's backup.
+EXIT_AFTER_FIRST_EPOCH = 17
 
 
 def _launch(out, backup, phase):

@@ -3,7 +3,7 @@ or Inf on one replica leads every replica to the same decision.
 
 docs/algorithms.md, "Non-finite gradients". The multi-worker runs (real
 processes, the value injected on one worker only) are in
-test_non_finite_policy_multiworker.py.
+tests/multiworker/test_non_finite_policy.py.
 """
 
 import re
@@ -14,14 +14,14 @@ import pytest
 import tensorflow as tf
 
 import tfgc
-from tests.test_keras_configurations import GLOBAL_BATCH, _data, _fit
+from tests.keras_models import GLOBAL_BATCH, data, fit
 from tfgc import compressors
 
 
 def _poisoned(strategy, value=np.inf):
     """The data with `value` in the last replica's share of the second
     batch, the same data without that batch, and the batch's rows."""
-    x, y = _data()
+    x, y = data()
     per_replica = GLOBAL_BATCH // strategy.num_replicas_in_sync
     bad = slice(GLOBAL_BATCH, 2 * GLOBAL_BATCH)
     x[2 * GLOBAL_BATCH - per_replica] = value
@@ -60,8 +60,8 @@ def test_skip_is_the_run_without_that_batch(mirrored, value):
     """Skipping leaves weights, residuals, momentum and the step counter
     as they were: the result is the run that never saw the batch."""
     poisoned, clean = _poisoned(mirrored, value)
-    model = _fit(mirrored, _optimizer("skip"), *poisoned)
-    expected = _fit(mirrored, _optimizer("skip"), *clean)
+    model = fit(mirrored, _optimizer("skip"), *poisoned)
+    expected = fit(mirrored, _optimizer("skip"), *clean)
     for a, b in zip(model.get_weights(), expected.get_weights()):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(_residuals(model), _residuals(expected)):
@@ -91,8 +91,8 @@ def test_skip_with_accumulation_and_local_rounds(mirrored, name, make):
     batch and the local step of a round are left out as a whole (the 3
     steps applied make one whole SBC round, after which replicas agree)."""
     poisoned, clean = _poisoned(mirrored)
-    model = _fit(mirrored, make(), *poisoned)
-    expected = _fit(mirrored, make(), *clean)
+    model = fit(mirrored, make(), *poisoned)
+    expected = fit(mirrored, make(), *clean)
     for a, b in zip(model.get_weights(), expected.get_weights()):
         np.testing.assert_allclose(a, b, rtol=1e-6, err_msg=name)
     assert model.optimizer.skipped_steps == 1
@@ -103,7 +103,7 @@ def test_raise_names_the_replica_and_the_variable(mirrored):
     poisoned, _ = _poisoned(mirrored)
     last = mirrored.num_replicas_in_sync - 1
     with pytest.raises(tf.errors.InvalidArgumentError) as error:
-        _fit(mirrored, _optimizer("raise"), *poisoned)
+        fit(mirrored, _optimizer("raise"), *poisoned)
     message = str(error.value)
     assert "Non-finite gradient" in message
     # Keras numbers the names of models built earlier in the session.
@@ -114,15 +114,15 @@ def test_raise_names_the_replica_and_the_variable(mirrored):
 
 def test_raise_passes_finite_steps(mirrored):
     _, clean = _poisoned(mirrored)
-    checked = _fit(mirrored, _optimizer("raise"), *clean)
-    plain = _fit(mirrored, _optimizer("propagate"), *clean)
+    checked = fit(mirrored, _optimizer("raise"), *clean)
+    plain = fit(mirrored, _optimizer("propagate"), *clean)
     for a, b in zip(checked.get_weights(), plain.get_weights()):
         np.testing.assert_array_equal(a, b)
 
 
 def test_propagate_applies_the_value_the_same_everywhere(mirrored):
     poisoned, _ = _poisoned(mirrored)
-    model = _fit(mirrored, _optimizer("propagate"), *poisoned)
+    model = fit(mirrored, _optimizer("propagate"), *poisoned)
     assert not all(np.all(np.isfinite(w)) for w in model.get_weights())
     assert model.optimizer.skipped_steps == 0
     _assert_replicas_agree(model)

@@ -23,7 +23,9 @@ import tensorflow as tf
 from custom_ops import build as ops_build
 from tfgc.ops import _library
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 REQUIRE_ENV = "TFGC_REQUIRE_CUDA_CHECKS"
 # tf.sysconfig.get_build_info() of the tensorflow 2.21.0 GPU wheel (read
 # from the wheel) and of tensorflow-cpu 2.21.0.

@@ -1,6 +1,6 @@
 """Hostile input through every compressor: property-based (hypothesis).
 
-One worker (`local_step`, as in tests/test_compressors.py), with the
+One worker (`local_step`, as in tests/compressors/test_contract.py), with the
 compiled ops and with the pure-TF references, over shapes (0-d, 1-d, 2-d,
 4-d, a zero dimension, up to a few 100k elements), dtypes (float32,
 float16, bfloat16, float64), densities across (0, 1] (k = 1 and k = n
@@ -21,8 +21,9 @@ subnormal, a mix, and NaN / +-Inf scattered in. Properties:
 * a dtype a compressor does not support, and every bad constructor
   argument, is a ValueError naming the argument and the value received.
 
-`pytest --hypothesis-show-statistics tests/test_hostile_inputs.py` prints
-how many examples each test ran.
+`pytest --hypothesis-show-statistics
+tests/compressors/test_hostile_inputs.py` prints how many examples each
+test ran.
 """
 
 import functools
@@ -32,33 +33,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from tests import backends
-from tests.ops.test_ops_hostile import DTYPES, data, f64
-from tests.test_compressors import local_step
+from tests.compressors.test_contract import local_step
+from tests.ops.test_ops_hostile import DTYPES, data, f64, property_settings
 from tfgc import compressors
 from tfgc.core.compressor import Compressor
 from tfgc.core.wire import ALL_GATHER_RAGGED, payload_nbytes
-
-
-def property_settings(max_examples: int):
-    """A fixed number of examples, reproducible (derandomized), no deadline:
-    eager TensorFlow's first call of an op is slow."""
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        # No "explain" phase: it reruns a failure hundreds of times.
-        phases=(Phase.explicit, Phase.generate, Phase.shrink),
-        suppress_health_check=[
-            HealthCheck.function_scoped_fixture,
-            HealthCheck.too_slow,
-            HealthCheck.data_too_large,
-        ],
-    )
 
 
 @pytest.fixture(params=backends.BACKENDS)

@@ -30,7 +30,7 @@ from models.lstm_lm import model as lstm_model
 pytestmark = pytest.mark.slow
 
 EPOCHS, BATCH = 20, 32
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PTB_SUBSET = Path(
     os.environ.get("TFGC_PTB_SUBSET", REPO.parent / "shared/data/ptb-subset")
 )

@@ -17,7 +17,7 @@ import pytest
 
 from tfgc import launch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _py(code: str) -> list[str]:

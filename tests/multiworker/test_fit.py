@@ -10,14 +10,14 @@ import pytest
 from tfgc import launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 pytestmark = pytest.mark.multiworker
 
 
 def _run(script, num_workers, *args, env=None):
     out = io.StringIO()
     code = launch.run(
-        [sys.executable, os.path.join(HERE, "multiworker", script), *args],
+        [sys.executable, os.path.join(HERE, script), *args],
         num_workers=num_workers,
         timeout=600,
         env={"PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},

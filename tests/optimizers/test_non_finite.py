@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from tests import backends
-from tests.test_compressors import local_step
+from tests.compressors.test_contract import local_step
 from tfgc import compressors
 
 SHAPE = (20, 10)

@@ -17,7 +17,9 @@ import pytest
 
 from custom_ops import build as ops_build
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)
 # What MANIFEST.in keeps out: build outputs and caches.
 BUILD_OUTPUTS = (".so", ".o", ".pyc", ".pyo", ".pyd")
 

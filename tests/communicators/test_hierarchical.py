@@ -1,0 +1,171 @@
+"""HiTopKComm (the hierarchical communicator) in one process: hosts from
+the cluster spec, bad topologies, degenerate layouts, and the unequal
+gather it relies on. Against numpy on real workers:
+tests/multiworker/test_paper_algorithms.py.
+"""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfgc
+from tests.conftest import NUM_LOGICAL_CPUS
+from tfgc import communicators, compressors
+from tfgc.communicators import fusion
+from tfgc.communicators.topology import Topology
+
+
+def _topology(hosts, from_spec=True):
+    return Topology(tuple(hosts), ("/cpu:0",), "test", from_spec)
+
+
+def test_hierarchical_reads_hosts_from_the_cluster_spec():
+    h = communicators.Hierarchical(dense_threshold=100)
+    h.build(_topology([0, 0, 1, 1]))
+    assert (h.num_hosts, h.per_host, h.num_peers) == (2, 2, 2)
+    assert h.compressed_shape((101, 30)) == (51, 30)
+    assert h.compressed_shape((3, 3, 16, 8)) == (72, 8)
+    assert h.compressed_shape((20001,)) == (10001,)
+    assert h.compressed_shape((9, 9)) == (9, 9)  # under the threshold
+    assert h.sends_dense((9, 9)) and not h.sends_dense((101, 30))
+
+
+def test_hierarchical_with_one_host_sends_everything_dense():
+    h = communicators.Hierarchical(workers_per_host=4, dense_threshold=0)
+    h.build(_topology([0, 0, 0, 0], from_spec=False))
+    assert h.sends_dense((1000, 1000))
+    assert h.compressed_shape((1000, 1000)) == (1000, 1000)
+
+
+@pytest.mark.parametrize(
+    "hosts, kwargs, match",
+    [
+        ([0], {}, "at least 2 workers"),
+        ([0, 0, 0, 1], {}, "same number of workers on every host"),
+        ([0, 0, 1, 1], {"workers_per_host": 3}, "must divide"),
+        ([0, 0, 1, 1], {"workers_per_host": 4}, "disagrees with the cluster"),
+        ([0, 0, 1, 1], {"workers_per_host": 1}, "disagrees with the cluster"),
+    ],
+)
+def test_hierarchical_bad_topologies(hosts, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        communicators.Hierarchical(**kwargs).build(_topology(hosts))
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"workers_per_host": 0}, "`workers_per_host`"),
+        ({"workers_per_host": 2.0}, "`workers_per_host`"),
+        ({"dense_threshold": -1}, "`dense_threshold`"),
+    ],
+)
+def test_hierarchical_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        communicators.Hierarchical(**kwargs)
+
+
+def test_hierarchical_config_round_trip():
+    h = communicators.Hierarchical(workers_per_host=2, dense_threshold=77)
+    restored = communicators.get(communicators.serialize(h))
+    assert isinstance(restored, communicators.Hierarchical)
+    assert restored.get_config() == h.get_config()
+
+
+def test_hierarchical_optimizer_with_one_replica_fails_at_build():
+    opt = tfgc.CompressedOptimizer(
+        keras.optimizers.SGD(0.1),
+        compressors.MSTopK(),
+        communicator="hierarchical",
+    )
+    with pytest.raises(ValueError, match="at least 2 workers"):
+        opt.build([keras.Variable(np.zeros((200, 200), "float32"))])
+
+
+def _train(strategy, compressor, communicator, steps=3):
+    with strategy.scope():
+        kernel = keras.Variable(np.zeros((96, 300), "float32"))
+        bias = keras.Variable(np.zeros((10,), "float32"))
+        opt = tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.1),
+            compressor=compressor,
+            communicator=communicator,
+            min_compress_size=100,
+        )
+        opt.build([kernel, bias])
+
+    @tf.function
+    def step(s):
+        def replica_fn():
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            g = tf.random.stateless_normal((96, 300), seed=[r, s]) ** 3
+            opt.apply([g, tf.ones(10) * tf.cast(r, tf.float32)], [kernel, bias])
+
+        strategy.run(replica_fn)
+
+    for s in range(steps):
+        step(tf.constant(s))
+    return kernel.numpy(), bias.numpy(), opt.compression_stats()
+
+
+def test_hierarchical_degenerate_layouts(mirrored):
+    def hier(g):
+        return communicators.Hierarchical(
+            workers_per_host=g, dense_threshold=1000
+        )
+
+    flat, _, flat_stats = _train(mirrored, compressors.MSTopK(0.01), "auto")
+    one_per_host, _, stats = _train(mirrored, compressors.MSTopK(0.01), hier(1))
+    np.testing.assert_allclose(one_per_host, flat, rtol=1e-6, atol=1e-6)
+    assert stats["sent_bytes"] == flat_stats["sent_bytes"]
+    assert stats["intra_host_bytes"] == 0
+    dense, _, _ = _train(mirrored, compressors.Identity(), "auto")
+    one_host, _, _ = _train(mirrored, compressors.MSTopK(0.01), hier(4))
+    np.testing.assert_allclose(one_host, dense, rtol=1e-5, atol=1e-5)
+    # Everything selected: the two-level exchange must give the dense sum.
+    full, bias, stats = _train(mirrored, compressors.MSTopK(1.0), hier(2))
+    np.testing.assert_allclose(full, dense, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(bias, -0.1 * 3 * sum(range(NUM_LOGICAL_CPUS)))
+    # Bytes between hosts: each worker's shard payload (k values + k int32
+    # indices of 48 x 300 entries) and the dense bias.
+    assert stats["sent_bytes"] == 48 * 300 * 8 + 10 * 4
+    assert stats["intra_host_bytes"] == 3 * 48 * 300 * 4
+
+
+def test_ragged_gather_carries_unequal_sizes_and_dtypes(mirrored):
+    dtypes = [tf.float32, tf.float16, tf.bfloat16, tf.int32, tf.int64, tf.uint8]
+
+    def values(r, i, dtype):
+        n = 3 * r + i  # replica 0 sends an empty tensor for i == 0
+        return tf.cast(tf.range(n) * (i + 1) + 10 * r, dtype)
+
+    @tf.function
+    def run():
+        def replica_fn():
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            tensors = [values(r, i, d) for i, d in enumerate(dtypes)]
+            group = communicators.Auto().group()
+            return fusion.all_gather_ragged(tensors, group)
+
+        return mirrored.run(replica_fn)
+
+    gathered, overhead = run()
+    for local in mirrored.experimental_local_results(gathered):
+        for i, (rows, dtype) in enumerate(zip(local, dtypes)):
+            assert rows.dtype == dtype
+            for r in range(NUM_LOGICAL_CPUS):
+                np.testing.assert_array_equal(
+                    rows[r].numpy(), values(r, i, dtype).numpy()
+                )
+    # Replica 0's buffer: 6 header words + its data, padded to the longest
+    # buffer's rung of the ladder, plus its length word.
+    sizes = [4, 2, 2, 4, 8, 1]
+    words = [
+        sum(-(-(3 * r + i) * s // 4) for i, s in enumerate(sizes)) + 6
+        for r in range(NUM_LOGICAL_CPUS)
+    ]
+    rung = min(x for x in communicators.collectives.LADDER if x >= max(words))
+    own = sum(i * s for i, s in enumerate(sizes))
+    first = mirrored.experimental_local_results(overhead)[0]
+    assert int(first) == 4 * rung + 4 - own
