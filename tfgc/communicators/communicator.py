@@ -168,7 +168,13 @@ class Communicator:
         return tf.cast(gathered, tf.bool)
 
     def step(
-        self, compressors, tensors, states, keys, variables=None
+        self,
+        compressors,
+        tensors,
+        states,
+        keys,
+        variables=None,
+        bucket_bytes: int | None = None,
     ) -> exchange.StepResult:
         """Compresses, exchanges and decompresses every tensor.
 
@@ -177,6 +183,8 @@ class Communicator:
                 gradient, compressor state and stateless key.
             variables: per tensor, the variable's value, for compressors
                 that read it (`Spec.reads_step_info`); or None.
+            bucket_bytes: exchange the tensors in buckets of about this
+                many uncompressed bytes (`exchange.buckets`); None: one.
 
         Returns:
             `StepResult`: the sum over workers of each tensor, the
@@ -190,6 +198,7 @@ class Communicator:
             keys,
             lambda payloads, kinds: self.carry(payloads, kinds, group),
             exchange.step_infos(variables, group.rank, group.size),
+            bucket_bytes,
         )
         traffic = wire.Traffic(sent, overhead, wire.zero_bytes())
         return exchange.StepResult(totals, new_states, traffic)

@@ -40,19 +40,22 @@ def step_infos(variables, rank: int, num_peers: int) -> list:
 
 
 def buckets(
-    compressors: Sequence[Compressor], tensors: Sequence[tf.Tensor]
+    compressors: Sequence[Compressor],
+    tensors: Sequence[tf.Tensor],
+    bucket_bytes: int | None = None,
 ) -> list[list[int]]:
     """Tensor indices grouped into exchange buckets.
 
-    Without a `bucket_bytes` among the compressors, one bucket of all.
-    Otherwise buckets of about that many uncompressed bytes, filled from
-    the last tensor backwards (a backward pass produces the last layers'
-    gradients first), each exchanged with its own collectives.
+    Buckets of about `bucket_bytes` uncompressed bytes, or of a
+    compressor's own `spec.bucket_bytes` where one asks for it (ACP-SGD),
+    filled from the last tensor backwards (a backward pass produces the
+    last layers' gradients first), each exchanged with its own
+    collectives. With neither, one bucket of all.
     """
     limits = [c.spec.bucket_bytes for c in compressors if c.spec.bucket_bytes]
-    if not limits:
+    limit = max(limits) if limits else bucket_bytes
+    if not limit:
         return [list(range(len(tensors)))]
-    limit = max(limits)
     groups, current, size = [], [], 0
     for i in reversed(range(len(tensors))):
         nbytes = tensors[i].shape.num_elements() * tensors[i].dtype.size
@@ -101,10 +104,11 @@ def run_rounds(
     keys: Sequence[tf.Tensor],
     carry: Carry,
     infos: Sequence[StepInfo | None] | None = None,
+    bucket_bytes: int | None = None,
 ) -> tuple[list, list, tf.Tensor, tf.Tensor]:
     """Compresses, communicates and decompresses every tensor.
 
-    Within a bucket (`buckets`; usually all tensors), round r of every
+    Within a bucket (`buckets` of about `bucket_bytes`), round r of every
     tensor that still has one goes through a single `carry` call, so a
     round costs one fused collective per wire type, however many tensors
     there are. `infos` (per tensor) reach the compressors that read them
@@ -125,7 +129,7 @@ def run_rounds(
     sent, overhead = zero_bytes(), zero_bytes()
     payloads = [None] * len(tensors)
     contexts = [None] * len(tensors)
-    for bucket in buckets(compressors, tensors):
+    for bucket in buckets(compressors, tensors, bucket_bytes):
         batched = _compress_batches(
             compressors, tensors, states, keys, bucket, payloads, contexts
         )

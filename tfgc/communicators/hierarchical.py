@@ -182,7 +182,15 @@ class Hierarchical(Communicator):
         flat = tf.pad(flat, [[0, g * shard_size - flat.shape[0]]])
         return tf.reshape(flat, [g, shard_size])
 
-    def step(self, compressors, tensors, states, keys, variables=None):
+    def step(
+        self,
+        compressors,
+        tensors,
+        states,
+        keys,
+        variables=None,
+        bucket_bytes=None,
+    ):
         everyone, host, peers = self._groups()
         n = len(tensors)
         totals, new_states = [None] * n, [None] * n
@@ -202,6 +210,7 @@ class Hierarchical(Communicator):
                 [keys[i] for i in indices],
                 carry,
                 exchange.step_infos(values, group.rank, group.size),
+                bucket_bytes,
             )
 
         dense = routes[True]

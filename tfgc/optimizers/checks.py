@@ -73,10 +73,10 @@ def check_inner_optimizer(inner, wrapper_type: type) -> None:
 
 
 def check_values(
-    error_feedback, min_compress_size, seed, non_finite
-) -> tuple[bool, int, int]:
+    error_feedback, min_compress_size, seed, non_finite, bucket_bytes
+) -> tuple[bool, int, int, int | None]:
     """The optimizer's plain arguments, checked: (error_feedback,
-    min_compress_size, seed)."""
+    min_compress_size, seed, bucket_bytes)."""
     if non_finite not in NON_FINITE_POLICIES:
         raise ValueError(
             f"`non_finite` must be one of {list(NON_FINITE_POLICIES)}. "
@@ -86,6 +86,9 @@ def check_values(
         _arguments.check_bool("error_feedback", error_feedback),
         _arguments.check_int("min_compress_size", min_compress_size, minimum=0),
         _arguments.check_int("seed", seed),
+        None
+        if bucket_bytes is None
+        else _arguments.check_int("bucket_bytes", bucket_bytes, minimum=1),
     )
 
 

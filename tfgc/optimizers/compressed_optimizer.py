@@ -6,8 +6,6 @@ docs/architecture.md says which module of this package owns the rest.
 
 from __future__ import annotations
 
-import functools
-
 import keras
 import tensorflow as tf
 
@@ -26,7 +24,9 @@ from tfgc.optimizers import (
 )
 from tfgc.optimizers.checks import NON_FINITE_POLICIES
 
-__all__ = ["NON_FINITE_POLICIES", "CompressedOptimizer"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "NON_FINITE_POLICIES", "CompressedOptimizer"]
+#: Uncompressed bytes per exchange bucket unless asked otherwise.
+DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 @keras.saving.register_keras_serializable(package="tfgc")
@@ -64,6 +64,11 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             (summed exactly), as are tensors the compressor declines (e.g.
             1-D tensors for PowerSGD).
         seed: base of the stateless random seeds that all workers share.
+        bucket_bytes: gradients travel in buckets of about this many
+            uncompressed bytes, filled from the last variable backwards,
+            each with its own collectives (25 MiB, as PyTorch DDP; a
+            compressor's own preference, ACP-SGD's, wins); None: one
+            fused exchange of every gradient.
         non_finite: what a step does when a gradient holds NaN or Inf on
             any replica. "propagate" (default, as Keras does): the values
             are sent and reach the weights, the same on every worker.
@@ -86,6 +91,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         min_compress_size: int = 1024,
         seed: int = 0,
         non_finite: str = "propagate",
+        bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
         name: str | None = None,
         **kwargs,
     ):
@@ -93,8 +99,14 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         checks.check_keywords(kwargs, CompressedOptimizer.__init__)
         checks.check_inner_optimizer(inner_optimizer, CompressedOptimizer)
         checks.check_bare_compressor(compressor)
-        error_feedback, min_compress_size, seed = checks.check_values(
-            error_feedback, min_compress_size, seed, non_finite
+        error_feedback, min_compress_size, seed, bucket_bytes = (
+            checks.check_values(
+                error_feedback,
+                min_compress_size,
+                seed,
+                non_finite,
+                bucket_bytes,
+            )
         )
         super().__init__(learning_rate=0.0, name=name)
         self.non_finite = non_finite
@@ -106,6 +118,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         )
         self.min_compress_size = min_compress_size
         self.seed = seed
+        self.bucket_bytes = bucket_bytes
         checks.check_combination(
             self.compressor, self.communicator, error_feedback, inner_optimizer
         )
@@ -134,30 +147,12 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         self.communicator.build(topology)
         net = planning.network(self.compressor, self.communicator)
         self._network_cost = net.cost
-        settings = planning.Settings(
-            self.compressor,
-            self.communicator,
-            self.error_feedback,
-            self.min_compress_size,
-            self.seed,
-            self._accumulation_steps,
-        )
         self._plans = planning.make_plans(
-            settings, var_list, net, self.add_variable
+            planning.Settings.of(self), var_list, net, self.add_variable
         )
         self._counters = statistics.Counters.create(self.add_variable)
         self._dense_bytes = planning.dense_bytes(var_list)
-        self._steps = step.Steps(
-            functools.partial(
-                step.exchange,
-                self.communicator,
-                self.compressor.spec.warmup_steps,
-                self._plans_of,
-            ),
-            self._inner_apply,
-            self._counters.count,
-            self._plans_of,
-        )
+        self._steps = step.Steps.of(self, self._counters.count)
         super().build(var_list)
         self._saver = replica_state.Saver(
             self._strategy,
@@ -334,6 +329,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             "min_compress_size": self.min_compress_size,
             "seed": self.seed,
             "non_finite": self.non_finite,
+            "bucket_bytes": self.bucket_bytes,
         }
 
     @classmethod

@@ -73,6 +73,18 @@ class Settings(NamedTuple):
     seed: int
     accumulation_steps: int
 
+    @classmethod
+    def of(cls, optimizer) -> Settings:
+        """A `CompressedOptimizer`'s settings, at its build."""
+        return cls(
+            optimizer.compressor,
+            optimizer.communicator,
+            optimizer.error_feedback,
+            optimizer.min_compress_size,
+            optimizer.seed,
+            optimizer._accumulation_steps,
+        )
+
 
 def key(seed: int, step) -> tf.Tensor:
     """The stateless key of a variable's compressor at `step`, the same on

@@ -34,6 +34,22 @@ class Steps(NamedTuple):
     count: Callable[[Traffic], None]
     plans_of: Callable[[list, list], tuple[list[int], list]]
 
+    @classmethod
+    def of(cls, optimizer, count: Callable[[Traffic], None]) -> Steps:
+        """A built `CompressedOptimizer`'s steps, counted by `count`."""
+        return cls(
+            functools.partial(
+                exchange,
+                optimizer.communicator,
+                optimizer.compressor.spec.warmup_steps,
+                optimizer.bucket_bytes,
+                optimizer._plans_of,
+            ),
+            optimizer._inner_apply,
+            count,
+            optimizer._plans_of,
+        )
+
 
 def plain(steps: Steps, grads, trainable_variables, step) -> None:
     """Exchanges this step's gradients and applies their sum."""
@@ -49,6 +65,7 @@ def plain(steps: Steps, grads, trainable_variables, step) -> None:
 def exchange(
     communicator,
     warmup_steps: int,
+    bucket_bytes: int | None,
     plans_of,
     tensors,
     trainable_variables,
@@ -59,7 +76,8 @@ def exchange(
     The compressors follow the step, which every worker shares: the
     warm-up compressor for the first `warmup_steps` steps, then the phases
     in turn, each a branch of one `tf.switch_case`. The compressor states
-    are read from and written back to their variables.
+    are read from and written back to their variables; the tensors travel
+    in buckets of about `bucket_bytes` (None: all in one exchange).
 
     Returns:
         (totals, traffic): per tensor the sum over workers (None where the
@@ -78,7 +96,9 @@ def exchange(
         ]
 
     def run(compressors):
-        return communicator.step(compressors, inputs, states, keys, variables)
+        return communicator.step(
+            compressors, inputs, states, keys, variables, bucket_bytes
+        )
 
     num_phases = max(len(plan.phases) for plan in plans)
     branches = [
