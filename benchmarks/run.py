@@ -163,7 +163,44 @@ PRESETS = {
         "warmup": 2,
         "timeout": 600,
     },
-    # Item 5: tfgc's fused collectives vs one collective per tensor.
+    # The pipelined exchange against TensorFlow's own overlap: 2 hosts, a
+    # worker each, a stand-in whose backward pass takes about as long as
+    # its all-reduce at 1 Gbit/s; every case also unpipelined.
+    "overlap": {
+        "hosts": 2,
+        "rate": "1gbit,10gbit",
+        "model": "standin-compute",
+        "compressors": "identity:ef=0 topk:0.001 powersgd:rank=4 acpsgd:rank=4",
+        "steps": 6,
+        "warmup": 3,
+        "timeout": 2400,
+        "unpipelined": True,
+        "bytes_per_pack": 25 * 2**20,
+    },
+    # The same comparison on the real models (2 hosts, 1 Gbit/s).
+    "overlap-lstm": {
+        "hosts": 2,
+        "rate": "1gbit",
+        "model": "lstm-medium",
+        "compressors": "topk:0.001 powersgd:rank=4 acpsgd:rank=4",
+        "steps": 6,
+        "warmup": 3,
+        "timeout": 3000,
+        "unpipelined": True,
+        "bytes_per_pack": 25 * 2**20,
+    },
+    "overlap-resnet50": {
+        "hosts": 2,
+        "rate": "1gbit",
+        "model": "resnet50",
+        "compressors": "topk:0.001 powersgd:rank=4 acpsgd:rank=4",
+        "steps": 4,
+        "warmup": 3,
+        "timeout": 3600,
+        "unpipelined": True,
+        "bytes_per_pack": 25 * 2**20,
+    },
+    # tfgc's fused collectives vs one collective per tensor.
     "fusion": {
         "hosts": 4,
         "rate": "1gbit",
@@ -189,6 +226,8 @@ DEFAULTS = {
     "fit": False,
     "holdout": "3",
     "per_tensor": False,
+    "unpipelined": False,
+    "bytes_per_pack": 0,
 }
 
 
@@ -201,13 +240,15 @@ def parse_compressor(text: str) -> dict:
     """'topk:0.001' | 'powersgd:rank=4' | 'signsgd:scaled=false,ef=0' |
     'mstopk:0.001,communicator=hierarchical'.
 
-    `ef` (error feedback, default on) and `communicator` (a name of
+    `ef` (error feedback, default on), `communicator` (a name of
     `tfgc.communicators`; "hierarchical" groups each host's
-    `--workers_per_host` workers) are the optimizer's; the rest go to the
-    compressor ("none" is None).
+    `--workers_per_host` workers) and `bucket_bytes` (an integer, or
+    "none" for one exchange after the backward pass) are the optimizer's;
+    the rest go to the compressor ("none" is None).
     """
     name, _, args = text.partition(":")
     kwargs, error_feedback, communicator = {}, True, "auto"
+    options = {}
     for item in filter(None, args.split(",")):
         key, eq, value = item.partition("=")
         if not eq:  # a bare number is the density
@@ -224,6 +265,8 @@ def parse_compressor(text: str) -> dict:
             error_feedback = bool(value)
         elif key == "communicator":
             communicator = str(value)
+        elif key == "bucket_bytes":
+            options["bucket_bytes"] = value
         else:
             kwargs[key] = value
     label = (
@@ -238,6 +281,7 @@ def parse_compressor(text: str) -> dict:
         "kwargs": kwargs,
         "error_feedback": error_feedback,
         "communicator": communicator,
+        **options,
     }
 
 
@@ -269,6 +313,7 @@ def check_compressors(text: str, workers_per_host: int) -> None:
                 ),
                 error_feedback=case["error_feedback"],
                 communicator=communicator,
+                **{k: case[k] for k in ("bucket_bytes",) if k in case},
             )
         except (TypeError, ValueError) as err:
             reason = str(err).rstrip(".")
@@ -278,9 +323,17 @@ def check_compressors(text: str, workers_per_host: int) -> None:
             ) from None
 
 
-def cases(compressors: str, per_tensor: bool = False) -> list[dict]:
-    """Dense fp32 and fp16, the compressors (with `per_tensor`, each also
-    with a collective per tensor instead of tfgc's fused ones), the floor,
+def cases(
+    compressors: str,
+    per_tensor: bool = False,
+    unpipelined: bool = False,
+    bytes_per_pack: int = 0,
+) -> list[dict]:
+    """Dense fp32 (with `bytes_per_pack`, also in MWMS's packs that
+    overlap the backward pass) and fp16 (tfgc's FP16), the compressors
+    (with `per_tensor`, each also with a collective per tensor instead of
+    tfgc's fused ones; with `unpipelined`, each, fp16 included, also in
+    one exchange after the backward pass, `bucket_bytes=None`), the floor,
     then each compressor in the floor's local step (its compute
     overhead)."""
     fp16 = {
@@ -290,7 +343,28 @@ def cases(compressors: str, per_tensor: bool = False) -> list[dict]:
         "kwargs": {},
         "error_feedback": False,
     }
+    packed = []
+    if bytes_per_pack:
+        mib = bytes_per_pack / 2**20
+        packed.append(
+            {
+                "name": f"dense fp32, bytes_per_pack={mib:g} MiB",
+                "kind": "dense_fp32",
+                "bytes_per_pack": bytes_per_pack,
+            }
+        )
     listed = [parse_compressor(c) for c in compressors.split() if c]
+    # No twin where the entry chose its buckets or the compressor has a
+    # size of its own (ACP-SGD's), which `bucket_bytes=None` keeps.
+    serial = [
+        dict(c, name=c["name"] + report.UNPIPELINED_SUFFIX, bucket_bytes=None)
+        for c in [fp16] + listed
+        if unpipelined
+        and "bucket_bytes" not in c
+        and not tfgc.compressors.get(
+            c["compressor"], **c["kwargs"]
+        ).spec.bucket_bytes
+    ]
     # One local case per compressor: the communicator does not matter.
     local, seen = [], set()
     for c in listed:
@@ -310,8 +384,11 @@ def cases(compressors: str, per_tensor: bool = False) -> list[dict]:
         if per_tensor
     ]
     return (
-        [{"name": "dense fp32", "kind": "dense_fp32"}, fp16]
+        [{"name": "dense fp32", "kind": "dense_fp32"}]
+        + packed
+        + [fp16]
         + listed
+        + serial
         + unfused
         + [{"name": "no communication", "kind": "floor"}]
         + local
@@ -355,11 +432,17 @@ def _steal_share(before: list[int], after: list[int]) -> float | None:
 def run_once(
     args, hosts: int, rate: str | None, latency: str, deadline: float
 ) -> dict:
-    """One testbed (or loopback), one set of workers, every case."""
+    """One testbed (or loopback), every case: one set of workers per
+    strategy's options (`_run_groups`)."""
     per_host = args.workers_per_host
     spec = {
         "model": args.model,
-        "cases": cases(args.compressors, args.per_tensor),
+        "cases": cases(
+            args.compressors,
+            args.per_tensor,
+            args.unpipelined,
+            args.bytes_per_pack,
+        ),
         "steps": args.steps,
         "warmup": args.warmup,
         "workers_per_host": per_host,
@@ -386,7 +469,7 @@ def run_once(
                     zip(host_names(count, hosts), free_ports(count))
                 )
             ]
-            _run_workers(workers, spec, tmp, deadline)
+            per_worker = _run_groups(workers, spec, tmp, deadline)
         else:
             with netns.Testbed(hosts, rate, latency) as testbed:
                 result["qdiscs"] = testbed.qdiscs()
@@ -415,16 +498,40 @@ def run_once(
                     for host in testbed.hosts
                     for g in range(per_host)
                 ]
-                _run_workers(workers, spec, tmp, deadline)
-        per_worker = []
-        for i in range(len(workers)):
-            with open(os.path.join(tmp, f"worker{i}.json")) as f:
-                per_worker.append(json.load(f))
+                per_worker = _run_groups(workers, spec, tmp, deadline)
     result["load_after"] = _load()
     result["steal_share"] = _steal_share(ticks, _cpu_ticks())
     result["custom_ops"] = per_worker[0]["custom_ops"]
     result["cases"] = report.summarize(per_worker, hosts, per_host, args.steps)
     return result
+
+
+def _run_groups(workers, spec, tmp, deadline) -> list[dict]:
+    """Runs the spec's cases on `workers`, a set of worker processes per
+    value of `bytes_per_pack` (a strategy's options are fixed for its
+    process), and returns each worker's results with the cases in the
+    spec's order."""
+    groups: dict[int, list[dict]] = {}
+    for case in spec["cases"]:
+        groups.setdefault(case.get("bytes_per_pack", 0), []).append(case)
+    per_worker = [None] * len(workers)
+    for number, (pack, group) in enumerate(groups.items()):
+        result_dir = os.path.join(tmp, f"group{number}")
+        os.mkdir(result_dir)
+        part = dict(
+            spec, cases=group, bytes_per_pack=pack, result_dir=result_dir
+        )
+        _run_workers(workers, part, result_dir, deadline)
+        for i in range(len(workers)):
+            with open(os.path.join(result_dir, f"worker{i}.json")) as f:
+                result = json.load(f)
+            if per_worker[i] is None:
+                per_worker[i] = dict(result, cases=[])
+            per_worker[i]["cases"] += result["cases"]
+    order = {case["name"]: n for n, case in enumerate(spec["cases"])}
+    for result in per_worker:
+        result["cases"].sort(key=lambda case: order[case["name"]])
+    return per_worker
 
 
 def _run_workers(workers, spec, tmp, deadline) -> None:
@@ -464,6 +571,8 @@ def _parser() -> argparse.ArgumentParser:
         "those models, TopK; costmodel: 2, 3 and 4 hosts at "
         "1 and 10 Gbit/s and the fit; fusion: fused vs one collective per "
         "tensor; hitopk: MSTopK flat vs hierarchical, 2 hosts x 2 workers; "
+        "overlap, overlap-lstm, overlap-resnet50: tfgc's buckets vs one "
+        "exchange vs MWMS's bytes_per_pack, 2 hosts; "
         "convergence (first flag, no root): loss curves per compressor on "
         "real data, "
         "benchmarks/convergence_benchmark.py",
@@ -476,10 +585,18 @@ def _parser() -> argparse.ArgumentParser:
                         "(needs sch_netem); a comma list sweeps")  # fmt: skip
     parser.add_argument(
         "--model",
-        choices=["standin", "standin-small", "lstm-medium", "resnet50"],
+        choices=[
+            "standin",
+            "standin-small",
+            "standin-compute",
+            "lstm-medium",
+            "resnet50",
+        ],
         help="the 25 M-parameter Dense stand-in (communication-bound), its "
-        "2.1 M smoke twin, models/lstm_lm medium or models/resnet50_imagenet"
-        " (synthetic data)",
+        "2.1 M smoke twin, its 25.2 M twin whose backward pass takes about "
+        "as long as the all-reduce at 1 Gbit/s (six Dense(2048, relu) at "
+        "batch 128), models/lstm_lm medium or models/resnet50_imagenet "
+        "(synthetic data)",
     )
     parser.add_argument(
         "--compressors",
@@ -507,6 +624,20 @@ def _parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         help="also run each compressor with one collective per tensor "
         "(one CompressedOptimizer per variable) against tfgc's fusion",
+    )
+    parser.add_argument(
+        "--unpipelined",
+        action=argparse.BooleanOptionalAction,
+        help="also run fp16 and each compressor in one exchange after the "
+        "backward pass (bucket_bytes=None) against tfgc's buckets, which "
+        "overlap it; the table then shows the share of communication hidden",
+    )
+    parser.add_argument(
+        "--bytes_per_pack",
+        type=int,
+        help="also run dense fp32 through MultiWorkerMirroredStrategy with "
+        "CommunicationOptions(bytes_per_pack=N), TensorFlow's own overlap "
+        "(0: not)",
     )
     parser.add_argument(
         "--fit",
@@ -605,6 +736,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     ]
     command = "python -m benchmarks.run " + shlex.join(argv)
+    spec_cases = cases(
+        args.compressors, args.per_tensor, args.unpipelined, args.bytes_per_pack
+    )
     runs = []
     code = 0
     try:
@@ -613,7 +747,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"[lab] run {i + 1}/{len(grid)}: {hosts} hosts x "
                 f"{args.workers_per_host} worker(s), rate {rate or 'unshaped'},"
                 f" latency {latency}, {args.model}, "
-                f"{len(cases(args.compressors, args.per_tensor))} cases, "
+                f"{len(spec_cases)} cases, "
                 f"{deadline - time.monotonic():.0f} s left",
                 flush=True,
             )

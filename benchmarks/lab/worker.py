@@ -5,8 +5,11 @@
 SPEC names the model (`BATCH`), the cases, the steps and where to write
 this worker's results (`result_dir/worker<i>.json`). All cases run in one
 process under one MultiWorkerMirroredStrategy (a second strategy in a
-process would reuse collective keys):
-- `dense_fp32`: the plain Keras optimizer, which all-reduces fp32;
+process would reuse collective keys; the runner starts another set of
+workers for a case that needs other strategy options):
+- `dense_fp32`: the plain Keras optimizer, which all-reduces fp32 through
+  the strategy (with the spec's `bytes_per_pack`, in packs that start
+  during the backward pass: TensorFlow's own overlap);
 - `compressed`: `tfgc.CompressedOptimizer` with the case's compressor,
   through the case's communicator ("auto", or "hierarchical":
   `tfgc.communicators.Hierarchical(workers_per_host)`, HiTopKComm);
@@ -48,6 +51,9 @@ from tfgc.core.wire import BROADCAST
 BATCH = {
     "standin": 8,
     "standin-small": 8,
+    # Backward compute comparable to the all-reduce at 1 Gbit/s on one
+    # core, so that overlapping them shows.
+    "standin-compute": 128,
     "lstm-medium": 20,  # Zaremba medium: 20 x 35 tokens
     "resnet50": 2,  # 224 x 224 images: small enough for 2 cores
 }
@@ -75,14 +81,14 @@ def transport_factor(collective: str, workers: int) -> float | None:
     return None
 
 
-def _standin(width: int, layers: int) -> keras.Model:
-    """A Dense stack whose compute is small next to its gradient; every
-    tensor has >= 1024 elements, so all are compressed."""
+def _standin(width: int, layers: int, activation=None) -> keras.Model:
+    """A Dense stack; every tensor has >= 1024 elements, so all are
+    compressed."""
     inputs = keras.Input((width,))
     x = inputs
     for i in range(layers):
-        # Linear layers: the values do not matter, only the shapes.
-        x = keras.layers.Dense(width, name=f"dense{i}")(x)
+        # Without an activation the values do not matter, only the shapes.
+        x = keras.layers.Dense(width, activation, name=f"dense{i}")(x)
     return keras.Model(inputs, x)
 
 
@@ -90,11 +96,17 @@ def build(name: str, rng: np.random.Generator):
     """(model, inputs, targets, loss) of one worker for model `name`."""
     batch = BATCH[name]
     if name.startswith("standin"):
-        # 4 x (2500^2 + 2500) = 25.01 M; small: 2 x (1024^2 + 1024) = 2.1 M.
-        width, layers = (2500, 4) if name == "standin" else (1024, 2)
+        # 4 x (2500^2 + 2500) = 25.01 M; small: 2 x (1024^2 + 1024) = 2.1 M;
+        # compute: 6 x (2048^2 + 2048) = 25.18 M at batch 128.
+        width, layers, activation = {
+            "standin": (2500, 4, None),
+            "standin-small": (1024, 2, None),
+            "standin-compute": (2048, 6, "relu"),
+        }[name]
         x = rng.standard_normal((batch, width), "float32")
         y = rng.standard_normal((batch, width), "float32")
-        return _standin(width, layers), x, y, keras.losses.MeanSquaredError()
+        model = _standin(width, layers, activation)
+        return model, x, y, keras.losses.MeanSquaredError()
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if name == "lstm-medium":
         from models.lstm_lm import model as lstm
@@ -130,11 +142,15 @@ def make_optimizer(case: dict, workers_per_host: int = 1):
         communicator = tfgc.communicators.Hierarchical(
             workers_per_host=workers_per_host
         )
+    options = {}
+    if "bucket_bytes" in case:  # else tfgc's default
+        options["bucket_bytes"] = case["bucket_bytes"]
     return tfgc.CompressedOptimizer(
         sgd,
         compressor=tfgc.compressors.get(case["compressor"], **kwargs),
         error_feedback=case["error_feedback"],
         communicator=communicator,
+        **options,
     )
 
 
@@ -362,7 +378,14 @@ def main(argv: list[str]) -> int:
         spec = json.load(f)
     # AutoGraph's notes about tfgc's helpers would drown the progress lines.
     tf.get_logger().setLevel("ERROR")
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    options = None
+    if spec.get("bytes_per_pack"):
+        options = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=spec["bytes_per_pack"]
+        )
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=options
+    )
     index = int(os.environ.get("TFGC_WORKER_INDEX", 0))
 
     @tf.function

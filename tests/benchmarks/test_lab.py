@@ -282,6 +282,108 @@ def test_summary_relates_cases():
     )
 
 
+def test_summary_compares_with_the_best_dense_case_and_the_unpipelined():
+    def case(name, kind, t):
+        return {
+            "name": name,
+            "kind": kind,
+            "median_step_s": t,
+            "counters_delta": None,
+            "analytic": None,
+            "tfgc_stats": None,
+        }
+
+    cases = [
+        case("dense fp32", "dense_fp32", 2.0),
+        case("dense fp32, bytes_per_pack=25 MiB", "dense_fp32", 0.8),
+        case("dense fp16", "compressed", 1.0),
+        case("topk 0.001 +EF", "compressed", 0.6),
+        case("topk 0.001 +EF" + report.UNPIPELINED_SUFFIX, "compressed", 0.9),
+        case("no communication", "floor", 0.5),
+    ]
+    rows = {
+        r["name"]: r for r in report.summarize([{"cases": cases}] * 2, 2, 1, 10)
+    }
+    topk = rows["topk 0.001 +EF"]
+    # The packed fp32 is the fastest dense case here, not fp16.
+    assert topk["speedup_vs_best_dense"] == pytest.approx(0.8 / 0.6)
+    assert topk["hidden_share"] == pytest.approx(0.3 / 0.4)
+    assert "hidden_share" not in rows["dense fp16"]  # no twin ran
+    table = report.markdown(
+        {
+            "machine": {"cpu": "x", "cores": 2, "kernel": "k"},
+            "preset": "overlap",
+            "command": "c",
+            "seconds": 1,
+            "uptime": "u",
+            "runs": [
+                {
+                    "rate": "1gbit",
+                    "latency": "0",
+                    "hosts": 2,
+                    "workers_per_host": 1,
+                    "load_before": [0],
+                    "load_after": [0],
+                    "custom_ops": True,
+                    "cases": list(rows.values()),
+                }
+            ],
+        },
+        [],
+    )
+    row = (
+        "| topk 0.001 +EF | 600.0 | 1.67 | 3.33x | 1.67x | 1.33x | 1.20 | 75 %"
+    )
+    assert row in table
+
+
+def test_cases_add_the_packed_dense_and_the_unpipelined_twins():
+    names = [
+        c["name"]
+        for c in lab_run.cases(
+            "topk:0.001 topk:0.01,bucket_bytes=none acpsgd:rank=4",
+            unpipelined=True,
+            bytes_per_pack=25 * 2**20,
+        )
+    ]
+    assert names[:3] == [
+        "dense fp32",
+        "dense fp32, bytes_per_pack=25 MiB",
+        "dense fp16",
+    ]
+    # A twin for fp16 and for the entry that did not choose its buckets.
+    assert "dense fp16, unpipelined" in names
+    assert "topk 0.001 +EF, unpipelined" in names
+    assert not any("0.01" in n and "unpipelined" in n for n in names)
+    # ACP-SGD's own bucket size stays with bucket_bytes=None: no twin.
+    assert not any("acpsgd" in n and "unpipelined" in n for n in names)
+    chosen = lab_run.parse_compressor("topk:0.01,bucket_bytes=none")
+    assert (
+        chosen["bucket_bytes"] is None
+        and "bucket_bytes" not in chosen["kwargs"]
+    )
+
+
+def test_each_strategys_options_get_their_own_workers(monkeypatch, tmp_path):
+    spec = {
+        "cases": lab_run.cases("topk:0.001", bytes_per_pack=1024),
+        "steps": 1,
+    }
+    started = []
+
+    def fake_run_workers(workers, part, result_dir, deadline):
+        started.append(part["bytes_per_pack"])
+        for i in range(len(workers)):
+            with open(os.path.join(result_dir, f"worker{i}.json"), "w") as f:
+                json.dump({"worker": i, "cases": part["cases"]}, f)
+
+    monkeypatch.setattr(lab_run, "_run_workers", fake_run_workers)
+    per_worker = lab_run._run_groups([None, None], spec, str(tmp_path), 0)
+    assert started == [0, 1024]
+    for result in per_worker:
+        assert result["cases"] == spec["cases"]  # the spec's order
+
+
 def test_without_privilege_says_so_and_offers_localhost(tmp_path):
     if PRIVILEGED and os.geteuid() != 0:
         pytest.skip("cannot drop CAP_NET_ADMIN without being root")

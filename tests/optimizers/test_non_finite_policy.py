@@ -30,13 +30,20 @@ def _poisoned(strategy, value=np.inf):
     return (x, y), (x[keep], y[keep])
 
 
-def _optimizer(non_finite, compressor=None, **inner):
+# One exchange, and a bucket per tensor: the verdicts travel with each.
+BUCKETS = [None, 4]
+
+
+def _optimizer(non_finite, compressor=None, options=None, **inner):
+    """`options` go to the CompressedOptimizer, `inner` to SGD."""
+
     def make():
         return tfgc.CompressedOptimizer(
             keras.optimizers.SGD(0.05, momentum=0.9, **inner),
             compressor or compressors.TopK(density=0.25),
             min_compress_size=0,
             non_finite=non_finite,
+            **(options or {}),
         )
 
     return make
@@ -55,13 +62,15 @@ def _residuals(model):
     ]
 
 
+@pytest.mark.parametrize("bucket_bytes", BUCKETS)
 @pytest.mark.parametrize("value", [np.inf, np.nan])
-def test_skip_is_the_run_without_that_batch(mirrored, value):
+def test_skip_is_the_run_without_that_batch(mirrored, value, bucket_bytes):
     """Skipping leaves weights, residuals, momentum and the step counter
     as they were: the result is the run that never saw the batch."""
     poisoned, clean = _poisoned(mirrored, value)
-    model = fit(mirrored, _optimizer("skip"), *poisoned)
-    expected = fit(mirrored, _optimizer("skip"), *clean)
+    options = {"bucket_bytes": bucket_bytes}
+    model = fit(mirrored, _optimizer("skip", options=options), *poisoned)
+    expected = fit(mirrored, _optimizer("skip", options=options), *clean)
     for a, b in zip(model.get_weights(), expected.get_weights()):
         np.testing.assert_array_equal(a, b)
     for a, b in zip(_residuals(model), _residuals(expected)):
@@ -99,11 +108,13 @@ def test_skip_with_accumulation_and_local_rounds(mirrored, name, make):
     _assert_replicas_agree(model)
 
 
-def test_raise_names_the_replica_and_the_variable(mirrored):
+@pytest.mark.parametrize("bucket_bytes", BUCKETS)
+def test_raise_names_the_replica_and_the_variable(mirrored, bucket_bytes):
     poisoned, _ = _poisoned(mirrored)
     last = mirrored.num_replicas_in_sync - 1
+    options = {"bucket_bytes": bucket_bytes}
     with pytest.raises(tf.errors.InvalidArgumentError) as error:
-        fit(mirrored, _optimizer("raise"), *poisoned)
+        fit(mirrored, _optimizer("raise", options=options), *poisoned)
     message = str(error.value)
     assert "Non-finite gradient" in message
     # Keras numbers the names of models built earlier in the session.
@@ -112,10 +123,12 @@ def test_raise_names_the_replica_and_the_variable(mirrored):
     assert "replica 0" not in message
 
 
-def test_raise_passes_finite_steps(mirrored):
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_checked_finite_steps_are_the_unchecked_ones(mirrored, policy):
     _, clean = _poisoned(mirrored)
-    checked = fit(mirrored, _optimizer("raise"), *clean)
-    plain = fit(mirrored, _optimizer("propagate"), *clean)
+    options = {"bucket_bytes": 4}
+    checked = fit(mirrored, _optimizer(policy, options=options), *clean)
+    plain = fit(mirrored, _optimizer("propagate", options=options), *clean)
     for a, b in zip(checked.get_weights(), plain.get_weights()):
         np.testing.assert_array_equal(a, b)
 

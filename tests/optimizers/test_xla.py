@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import tfgc
 from tfgc import compressors, ops
+from tfgc.communicators import collectives
 
 # Compressors that compile: each trains to the weights it reaches without
 # XLA. RedSync's default cost model sends everything dense on one device.
@@ -112,6 +113,16 @@ def test_collectives_refused_under_xla_with_several_replicas(mirrored):
         y = np.ones((8, 2), "float32")
         with pytest.raises(ValueError, match=f"{op}.*on CPU.*{FIX}"):
             model.fit(x, y, batch_size=8, verbose=0)
+    # A refused collective reserved no instance key on the replica that
+    # refused it: each group's keys stay in step on every device, or the
+    # next exchange would wait forever for mismatched collectives.
+    devices = mirrored.extended.worker_devices
+    for group in {group for _, group in collectives._next_instance_key}:
+        next_keys = [
+            collectives._next_instance_key.get((device, group))
+            for device in devices
+        ]
+        assert len(set(next_keys)) == 1, dict(zip(devices, next_keys))
 
 
 def test_compiling_with_xla_inside_branches_loops_and_replicas(mirrored):

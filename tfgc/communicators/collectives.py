@@ -155,8 +155,14 @@ class Group:
                 **self._common(self._instance_keys(1)),
             )
 
-    def _gather(self, buffer: tf.Tensor, instance_key) -> tf.Tensor:
+    def _gather(self, buffer: tf.Tensor, keys: int = 1, which=0) -> tf.Tensor:
+        """A gather under instance key `which` of `keys` reserved ones.
+
+        The keys are reserved only once the gather is allowed: a refusal
+        must leave this device's keys in step with the other replicas'.
+        """
         self._refuse_xla("CollectiveGatherV2")
+        instance_key = self._instance_keys(keys) + which
         with tf.device(self.device):
             return tf.raw_ops.CollectiveGatherV2(
                 input=buffer, **self._common(instance_key)
@@ -166,7 +172,7 @@ class Group:
         """Every member's 1-D `buffer` (all of one length), [size, length]."""
         if self.size == 1:
             return buffer[None]
-        gathered = self._gather(buffer, self._instance_keys(1))
+        gathered = self._gather(buffer)
         return tf.reshape(gathered, [self.size, -1])
 
     def broadcast(self, buffer: tf.Tensor, root: tf.Tensor) -> tf.Tensor:
@@ -215,8 +221,7 @@ class Group:
             ladder, tf.reduce_max(lengths)[None], side="left"
         )[0]
         padded = tf.gather(ladder, rung)
-        first = self._instance_keys(len(LADDER))
         rows = self._gather(
-            tf.pad(buffer, [[0, padded - length]]), first + rung
+            tf.pad(buffer, [[0, padded - length]]), len(LADDER), rung
         )
         return tf.reshape(rows, [self.size, padded]), lengths

@@ -130,8 +130,6 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         # imported from its module, nothing has installed the fix yet.
         _keras_compat.patch_multi_worker_fit()
 
-    # --- building ----------------------------------------------------------
-
     @_keras_compat.no_automatic_dependency_tracking
     def build(self, var_list):
         topology = topology_lib.current()
@@ -168,8 +166,6 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
     def variables(self):
         return self._variables + self.inner_optimizer.variables
 
-    # --- applying ----------------------------------------------------------
-
     def apply(self, grads, trainable_variables=None):
         replica_context = tf.distribute.get_replica_context()
         checks.check_replica_context(replica_context)
@@ -187,9 +183,26 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             checks.check_gradient(g, v)
             for g, v in zip(grads, trainable_variables)
         ]
+        spec = self.compressor.spec
+        plain = not (spec.compresses_updates or self._accumulation_steps)
         if self.non_finite == "propagate":
             self._apply_checked(grads, trainable_variables)
+        elif plain:
+            non_finite.apply_in_buckets(
+                self.non_finite,
+                self.communicator,
+                self._counters.skipped_steps,
+                self._steps,
+                grads,
+                trainable_variables,
+                self.iterations,
+            )
         else:
+            step.no_overlap(
+                f"non_finite={self.non_finite!r} with local rounds or "
+                "gradient accumulation agrees first",
+                self.bucket_bytes,
+            )
             non_finite.apply(
                 self.non_finite,
                 self.communicator,
@@ -244,9 +257,10 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         """True on every worker if `finite` (this worker's scalar bool
         verdict) is True on all: `LossScaleOptimizer` calls it so that
         every worker skips the same steps."""
+        step.no_overlap(
+            "LossScaleOptimizer checks every gradient first", self.bucket_bytes
+        )
         return self.communicator.all_true(finite)
-
-    # --- reporting ---------------------------------------------------------
 
     def compression_stats(self) -> dict[str, float]:
         """Bytes this worker sent in the last step, against dense.
@@ -280,8 +294,6 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         """The `CostModel` measured at build (or None if none was)."""
         return getattr(self, "_network_cost", None)
 
-    # --- saving ------------------------------------------------------------
-
     def save_own_variables(self, store):
         """Keras saving (`save_weights`, `.keras`, `BackupAndRestore`) with
         every replica's compressor state (`replica_state.Saver.save`):
@@ -299,8 +311,6 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         """Every replica's compressor state back to its initial value."""
         planning.reset(self._plans)
         self._counters.reset()
-
-    # --- delegation and serialization --------------------------------------
 
     @property
     def learning_rate(self):

@@ -8,6 +8,8 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from tfgc.optimizers import planning
+from tfgc.optimizers import step as step_lib
 from tfgc.optimizers.checks import describe
 
 
@@ -25,8 +27,7 @@ def apply(
 
     Every replica decides from the same gathered verdicts, so all take the
     same branch: a worker that skipped or failed alone would leave the
-    others waiting in their collectives. The choice runs in cross-replica
-    context, as gradient accumulation's does.
+    others waiting in their collectives.
     """
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
@@ -45,25 +46,97 @@ def apply(
             grads = [None if g is None else tf.identity(g) for g in grads]
         return apply_checked(grads, trainable_variables)
 
-    def cross_replica(strategy, grads, finite):
-        # Every replica holds the same verdict.
+    _step_or_skip(
+        finite, skipped_steps, apply_checked, (grads, trainable_variables)
+    )
+
+
+def _step_or_skip(finite, skipped_steps, take_step, args) -> None:
+    """`take_step(*args)` in every replica if `finite` (the same on every
+    replica), else one more skipped step. The choice runs in cross-replica
+    context, as gradient accumulation's does."""
+
+    def cross_replica(strategy, finite, args):
         finite = strategy.experimental_local_results(finite)[0]
 
-        def take_step():
-            strategy.extended.call_for_each_replica(
-                apply_checked, args=(grads, trainable_variables)
-            )
+        def finish():
+            strategy.extended.call_for_each_replica(take_step, args=args)
             return tf.constant(True)
 
         def skip():
             skipped_steps.assign_add(1)
             return tf.constant(False)
 
-        tf.cond(finite, take_step, skip)
+        tf.cond(finite, finish, skip)
 
     tf.distribute.get_replica_context().merge_call(
-        cross_replica, args=(grads, finite)
+        cross_replica, args=(finite, args)
     )
+
+
+def apply_in_buckets(
+    policy: str,
+    communicator,
+    skipped_steps,
+    steps: step_lib.Steps,
+    grads,
+    trainable_variables,
+    step,
+) -> None:
+    """`step.plain` under the guard, its verdicts travelling with the
+    buckets (`Steps.exchange_agreeing`), so that the exchange still
+    overlaps the backward pass; the same decision as `apply` on every
+    worker.
+
+    Once every bucket's verdicts are in, a finite step writes the
+    compressors' new states and runs the inner optimizer; otherwise
+    neither happens (counted in `skipped_steps`), or the step fails
+    naming the replica and the variable (`policy` "raise"). The bytes
+    were sent either way and are counted.
+    """
+    exchanged = planning.without_overwritten(grads, trainable_variables)
+    agreed = steps.exchange_agreeing(exchanged, trainable_variables, step)
+    steps.count(agreed.traffic)
+    verdicts, columns = [], list(agreed.columns)
+    if agreed.verdicts is not None:
+        verdicts.append(agreed.verdicts)
+    # Gradients that overwrite their variable skip the exchange: their
+    # verdicts take one more small gather.
+    direct = [
+        i
+        for i, (g, e) in enumerate(zip(grads, exchanged))
+        if g is not None and e is None
+    ]
+    if direct:
+        local = tf.stack(
+            [tf.reduce_all(tf.math.is_finite(grads[i])) for i in direct]
+        )
+        verdicts.append(communicator.gather_flags(local))
+        columns += direct
+    summed = planning.with_overwritten(
+        agreed.totals, grads, trainable_variables
+    )
+    if not verdicts:  # nothing to check
+        step_lib.commit(agreed.plans, agreed.states)
+        return steps.inner_apply(summed, trainable_variables)
+    verdicts = tf.concat(verdicts, axis=1)
+    finite = tf.reduce_all(verdicts)
+
+    def take_step(summed, states):
+        step_lib.commit(agreed.plans, states)
+        steps.inner_apply(summed, trainable_variables)
+
+    if policy == "raise":
+        names = [describe(trainable_variables[i]) for i in columns]
+        failed = tf.debugging.Assert(
+            finite, [_report(verdicts, names)], summarize=1
+        )
+        with tf.control_dependencies([failed]):
+            summed = [None if g is None else tf.identity(g) for g in summed]
+            states = tf.nest.map_structure(tf.identity, agreed.states)
+        return take_step(summed, states)
+
+    _step_or_skip(finite, skipped_steps, take_step, (summed, agreed.states))
 
 
 def _report(verdicts, names) -> tf.Tensor:

@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
 import tensorflow as tf
 
+from tfgc.communicators import exchange as communicator_exchange
 from tfgc.core.wire import Traffic, no_traffic
 from tfgc.optimizers import planning
+
+# What `no_overlap` has said in this process.
+_SAID: set[str] = set()
 
 #: exchange(tensors, trainable_variables, step) -> (totals, traffic)
 Exchange = Callable[[list, list, tf.Tensor], tuple[list, Traffic]]
@@ -22,6 +27,9 @@ class Steps(NamedTuple):
     Attributes:
         exchange: compresses, exchanges and decompresses gradients
             (`exchange` below, bound to the optimizer's plans).
+        exchange_agreeing: the same with each bucket's non-finite
+            verdicts, its new states not yet written, for the guard
+            (`exchange_in_buckets` below).
         inner_apply: the inner optimizer's step on summed gradients,
             `inner_apply(grads, trainable_variables)`.
         count: records a step's `Traffic` in the statistics.
@@ -30,6 +38,7 @@ class Steps(NamedTuple):
     """
 
     exchange: Exchange
+    exchange_agreeing: Callable[[list, list, tf.Tensor], Exchanged]
     inner_apply: Callable[[list, list], None]
     count: Callable[[Traffic], None]
     plans_of: Callable[[list, list], tuple[list[int], list]]
@@ -37,18 +46,34 @@ class Steps(NamedTuple):
     @classmethod
     def of(cls, optimizer, count: Callable[[Traffic], None]) -> Steps:
         """A built `CompressedOptimizer`'s steps, counted by `count`."""
+        bound = (
+            optimizer.communicator,
+            optimizer.compressor.spec.warmup_steps,
+            optimizer.bucket_bytes,
+            optimizer._plans_of,
+        )
         return cls(
-            functools.partial(
-                exchange,
-                optimizer.communicator,
-                optimizer.compressor.spec.warmup_steps,
-                optimizer.bucket_bytes,
-                optimizer._plans_of,
-            ),
+            functools.partial(exchange, *bound),
+            functools.partial(exchange_in_buckets, *bound, agree_finite=True),
             optimizer._inner_apply,
             count,
             optimizer._plans_of,
         )
+
+
+def no_overlap(reason: str, bucket_bytes: int | None) -> None:
+    """Says once per process why the buckets (if `bucket_bytes`) cannot
+    overlap the backward pass: `reason` makes them wait for every
+    gradient."""
+    if not bucket_bytes or reason in _SAID:
+        return
+    _SAID.add(reason)
+    warnings.warn(
+        f"tfgc: {reason}, so the exchange waits for every gradient and its "
+        "buckets do not overlap the backward pass (docs/algorithms.md, "
+        '"Buckets and the overlap with the backward pass").',
+        stacklevel=3,
+    )
 
 
 def plain(steps: Steps, grads, trainable_variables, step) -> None:
@@ -62,7 +87,49 @@ def plain(steps: Steps, grads, trainable_variables, step) -> None:
     )
 
 
-def exchange(
+def exchange(*args) -> tuple[list, Traffic]:
+    """Compresses, exchanges and decompresses `tensors` (None skipped) and
+    writes the compressors' new states: `exchange_in_buckets(*args)`
+    without the non-finite guard.
+
+    Returns:
+        (totals, traffic): per tensor the sum over workers (None where the
+        tensor was None), and the `Traffic` of the step.
+    """
+    result = exchange_in_buckets(*args, agree_finite=False)
+    commit(result.plans, result.states)
+    return result.totals, result.traffic
+
+
+class Exchanged(NamedTuple):
+    """One step's exchange (`exchange_in_buckets`), the compressors' new
+    states not yet written (`commit`).
+
+    Attributes:
+        totals: per tensor the sum over workers (None where it was None).
+        traffic: the `Traffic` of the step.
+        verdicts: with the guard, [replicas, len(columns)] bool, True
+            where the replica's gradient was finite; else None.
+        columns: the tensor index of each column of `verdicts`.
+        plans: the plans of the exchanged tensors.
+        states: each plan's new compressor state.
+    """
+
+    totals: list
+    traffic: Traffic
+    verdicts: tf.Tensor | None
+    columns: list[int]
+    plans: list
+    states: list
+
+
+def commit(plans, states) -> None:
+    """Writes the compressors' new states back to their variables."""
+    for plan, state in zip(plans, states):
+        plan.assign_state(state)
+
+
+def exchange_in_buckets(
     communicator,
     warmup_steps: int,
     bucket_bytes: int | None,
@@ -70,42 +137,88 @@ def exchange(
     tensors,
     trainable_variables,
     step,
-) -> tuple[list, Traffic]:
-    """Compresses, exchanges and decompresses `tensors` (None skipped).
+    agree_finite: bool,
+) -> Exchanged:
+    """The tensors travel in buckets of about `bucket_bytes` (None: all in
+    one exchange; a compressor's own size wins), filled from the last
+    tensor backwards. Each bucket is an exchange of its own
+    (`_exchange_bucket`) that reads only its own tensors, so TensorFlow's
+    executor starts it as soon as they exist, while the backward pass
+    still computes the earlier layers' gradients; its ops are named
+    `tfgc_bucket_<n>/...`.
 
-    The compressors follow the step, which every worker shares: the
-    warm-up compressor for the first `warmup_steps` steps, then the phases
-    in turn, each a branch of one `tf.switch_case`. The compressor states
-    are read from and written back to their variables; the tensors travel
-    in buckets of about `bucket_bytes` (None: all in one exchange).
-
-    Returns:
-        (totals, traffic): per tensor the sum over workers (None where the
-        tensor was None), and the `Traffic` of the step.
+    With `agree_finite` (the non-finite guard), each bucket also gathers
+    every replica's verdict on its tensors (one small all-gather queued
+    before its payloads, so the buckets still start during the backward
+    pass), and compresses zeros in place of a tensor with NaN or Inf,
+    which the compressors never see; the caller commits the new states
+    only if every verdict is finite.
     """
     present, plans = plans_of(tensors, trainable_variables)
+    out = list(tensors)
     if not present:
-        return list(tensors), no_traffic()
+        return Exchanged(out, no_traffic(), None, [], [], [])
+    step = tf.cast(step, tf.int64)
+    groups = communicator_exchange.buckets(
+        [plan.compressor for plan in plans],
+        [tensors[i] for i in present],
+        bucket_bytes,
+    )
+    traffic, verdicts, columns = no_traffic(), [], []
+    done_plans, states = [], []
+    for number, group in enumerate(groups):
+        members = [present[j] for j in group]
+        inputs = [tensors[i] for i in members]
+        with tf.name_scope(f"tfgc_bucket_{number}"):
+            if agree_finite:
+                local = tf.stack(
+                    [tf.reduce_all(tf.math.is_finite(t)) for t in inputs]
+                )
+                verdicts.append(communicator.gather_flags(local))
+                columns += members
+                inputs = [
+                    tf.where(ok, t, tf.zeros_like(t))
+                    for ok, t in zip(tf.unstack(local), inputs)
+                ]
+            totals, new_states, more = _exchange_bucket(
+                communicator,
+                warmup_steps,
+                [plans[j] for j in group],
+                inputs,
+                [trainable_variables[i] for i in members],
+                step,
+            )
+        for i, total in zip(members, totals):
+            out[i] = total
+        done_plans += [plans[j] for j in group]
+        states += new_states
+        traffic = Traffic(*(a + b for a, b in zip(traffic, more)))
+    joined = tf.concat(verdicts, axis=1) if verdicts else None
+    return Exchanged(out, traffic, joined, columns, done_plans, states)
+
+
+def _exchange_bucket(
+    communicator, warmup_steps: int, plans, inputs, variables, step
+) -> tuple[list, list, Traffic]:
+    """One bucket's exchange: (totals, new states, traffic). The
+    compressors follow the step, which every worker shares: the warm-up
+    compressor for the first `warmup_steps` steps, then the phases in
+    turn, each a branch of a `tf.switch_case` of this bucket's own. The
+    compressor states are read from their variables."""
     states = [plan.state() for plan in plans]
-    inputs = [tensors[i] for i in present]
     keys = [planning.key(plan.seed, step) for plan in plans]
-    variables = None
+    values = None
     if any(c.spec.reads_step_info for p in plans for c in p.phases):
-        variables = [
-            tf.convert_to_tensor(trainable_variables[i]) for i in present
-        ]
+        values = [tf.convert_to_tensor(v) for v in variables]
 
     def run(compressors):
-        return communicator.step(
-            compressors, inputs, states, keys, variables, bucket_bytes
-        )
+        return communicator.step(compressors, inputs, states, keys, values)
 
     num_phases = max(len(plan.phases) for plan in plans)
     branches = [
         functools.partial(run, [p.phases[i % len(p.phases)] for p in plans])
         for i in range(num_phases)
     ]
-    step = tf.cast(step, tf.int64)
     if warmup_steps:
         branches.insert(0, functools.partial(run, [p.warmup for p in plans]))
         index = tf.where(
@@ -119,10 +232,4 @@ def exchange(
         result = branches[0]()
     else:
         result = tf.switch_case(tf.cast(index, tf.int32), branches)
-    totals, new_states, traffic = result
-    for plan, state in zip(plans, new_states):
-        plan.assign_state(state)
-    out = list(tensors)
-    for i, total in zip(present, totals):
-        out[i] = total
-    return out, traffic
+    return result
