@@ -884,21 +884,26 @@ def test_acpsgd_alternates_one_factor_per_step(run):
                 assert sent == DENSE_BYTES
             else:  # only P's or only Q's size, plus the dense tensors
                 assert sent == factor_bytes + dense_bytes
-    # One trace: warm-up (everything in one all-reduce), then per phase one
-    # all-reduce per bucket: [(33, 17), (7,)], [(3001,)], [(41, 50)].
+    # One trace: each bucket of ACP-SGD's size, [(33, 17), (7,)], [(3001,)],
+    # [(41, 50)], switches between its own branches, one all-reduce each:
+    # the warm-up (dense) and P and Q, but [(3001,)], sent dense every step,
+    # has one phase: warm-up and that.
     log = json.loads(str(run.results[0][f"{name}/collectives"]))
     assert int(run.results[0][f"{name}/tracing_count"]) == 1
 
     def factor(i, side):
         return 4 * ACP_RANK * ref.matrix_shape(SHAPES[i])[side]
 
-    buckets = {
-        side: sorted([factor(3, side) + 28, 4 * 3001, factor(0, side)])
+    factors = [
+        factor(i, side) + extra
         for side in (0, 1)
-    }
+        for i, extra in ((3, 28), (0, 0))
+    ]
+    warmup = [4 * 33 * 17 + 28, 4 * 3001, 4 * 41 * 50]
+    assert sum(warmup) == DENSE_BYTES
     assert all(c["op"] == "all_reduce" for c in log)
     assert sorted(c["bytes"] for c in log) == sorted(
-        [DENSE_BYTES] + buckets[0] + buckets[1]
+        warmup + factors + [4 * 3001]
     )
 
 
