@@ -36,11 +36,10 @@ import sys
 import tempfile
 import time
 
-import keras
-
 import tfgc
 from benchmarks._common import cpu_model
 from benchmarks.lab import cluster, cost_fit, netns, report, tcprate
+from benchmarks.lab import worker as lab_worker
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = os.path.join(REPO, "docs", "benchmarks")
@@ -300,21 +299,8 @@ def check_compressors(text: str, workers_per_host: int) -> None:
             "communicators: "
             f"{', '.join(tfgc.communicators.names())}."
         )
-        communicator = case["communicator"]
         try:
-            if communicator == "hierarchical":
-                communicator = tfgc.communicators.Hierarchical(
-                    workers_per_host=workers_per_host
-                )
-            tfgc.CompressedOptimizer(
-                keras.optimizers.SGD(),
-                compressor=tfgc.compressors.get(
-                    case["compressor"], **case["kwargs"]
-                ),
-                error_feedback=case["error_feedback"],
-                communicator=communicator,
-                **{k: case[k] for k in ("bucket_bytes",) if k in case},
-            )
+            lab_worker.make_optimizer(case, workers_per_host)
         except (TypeError, ValueError) as err:
             reason = str(err).rstrip(".")
             raise ValueError(
@@ -430,19 +416,19 @@ def _steal_share(before: list[int], after: list[int]) -> float | None:
 
 
 def run_once(
-    args, hosts: int, rate: str | None, latency: str, deadline: float
+    args,
+    run_cases: list[dict],
+    hosts: int,
+    rate: str | None,
+    latency: str,
+    deadline: float,
 ) -> dict:
-    """One testbed (or loopback), every case: one set of workers per
-    strategy's options (`_run_groups`)."""
+    """One testbed (or loopback), every case of `run_cases` (`cases`): one
+    set of workers per strategy's options (`_run_groups`)."""
     per_host = args.workers_per_host
     spec = {
         "model": args.model,
-        "cases": cases(
-            args.compressors,
-            args.per_tensor,
-            args.unpipelined,
-            args.bytes_per_pack,
-        ),
+        "cases": run_cases,
         "steps": args.steps,
         "warmup": args.warmup,
         "workers_per_host": per_host,
@@ -752,7 +738,9 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             t0 = time.monotonic()
-            runs.append(run_once(args, hosts, rate, latency, deadline))
+            runs.append(
+                run_once(args, spec_cases, hosts, rate, latency, deadline)
+            )
             print(
                 f"[lab] run {i + 1}/{len(grid)} done in "
                 f"{time.monotonic() - t0:.0f} s",

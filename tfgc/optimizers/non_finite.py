@@ -32,18 +32,12 @@ def apply(
     present = [i for i, g in enumerate(grads) if g is not None]
     if not present:
         return apply_checked(grads, trainable_variables)
-    local = tf.stack(
-        [tf.reduce_all(tf.math.is_finite(grads[i])) for i in present]
-    )
+    local = step_lib.finite_flags([grads[i] for i in present])
     verdicts = communicator.gather_flags(local)
     finite = tf.reduce_all(verdicts)
     if policy == "raise":
         names = [describe(trainable_variables[i]) for i in present]
-        failed = tf.debugging.Assert(
-            finite, [_report(verdicts, names)], summarize=1
-        )
-        with tf.control_dependencies([failed]):
-            grads = [None if g is None else tf.identity(g) for g in grads]
+        grads = _raise_unless(finite, verdicts, names, grads)
         return apply_checked(grads, trainable_variables)
 
     _step_or_skip(
@@ -108,9 +102,7 @@ def apply_in_buckets(
         if g is not None and e is None
     ]
     if direct:
-        local = tf.stack(
-            [tf.reduce_all(tf.math.is_finite(grads[i])) for i in direct]
-        )
+        local = step_lib.finite_flags([grads[i] for i in direct])
         verdicts.append(communicator.gather_flags(local))
         columns += direct
     summed = planning.with_overwritten(
@@ -128,15 +120,24 @@ def apply_in_buckets(
 
     if policy == "raise":
         names = [describe(trainable_variables[i]) for i in columns]
-        failed = tf.debugging.Assert(
-            finite, [_report(verdicts, names)], summarize=1
+        summed, states = _raise_unless(
+            finite, verdicts, names, (summed, agreed.states)
         )
-        with tf.control_dependencies([failed]):
-            summed = [None if g is None else tf.identity(g) for g in summed]
-            states = tf.nest.map_structure(tf.identity, agreed.states)
         return take_step(summed, states)
 
     _step_or_skip(finite, skipped_steps, take_step, (summed, agreed.states))
+
+
+def _raise_unless(finite, verdicts, names, tensors):
+    """`tensors` (a structure; None entries stay None) once `finite` is
+    checked: the step fails with `_report` where it is False."""
+    failed = tf.debugging.Assert(
+        finite, [_report(verdicts, names)], summarize=1
+    )
+    with tf.control_dependencies([failed]):
+        return tf.nest.map_structure(
+            lambda t: None if t is None else tf.identity(t), tensors
+        )
 
 
 def _report(verdicts, names) -> tf.Tensor:

@@ -123,6 +123,11 @@ class Exchanged(NamedTuple):
     states: list
 
 
+def finite_flags(tensors) -> tf.Tensor:
+    """1-D bool: whether each of `tensors` holds only finite values."""
+    return tf.stack([tf.reduce_all(tf.math.is_finite(t)) for t in tensors])
+
+
 def commit(plans, states) -> None:
     """Writes the compressors' new states back to their variables."""
     for plan, state in zip(plans, states):
@@ -171,9 +176,7 @@ def exchange_in_buckets(
         inputs = [tensors[i] for i in members]
         with tf.name_scope(f"tfgc_bucket_{number}"):
             if agree_finite:
-                local = tf.stack(
-                    [tf.reduce_all(tf.math.is_finite(t)) for t in inputs]
-                )
+                local = finite_flags(inputs)
                 verdicts.append(communicator.gather_flags(local))
                 columns += members
                 inputs = [
