@@ -49,7 +49,10 @@ from collections.abc import Mapping, Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CC_DIR = os.path.join(ROOT, "custom_ops", "cc")
 DEFAULT_OUTPUT = os.path.join(ROOT, "tfgc", "ops", "_tfgc_ops.so")
-OPT_FLAGS = ["-O3", "-fPIC", "-DNDEBUG"]
+# No contraction into fused multiply-adds, and a sqrt without errno (so that
+# loops vectorise into sqrtps): the fused update must compute with Keras's
+# own float operations, one rounding each.
+OPT_FLAGS = ["-O3", "-fPIC", "-DNDEBUG", "-ffp-contract=off", "-fno-math-errno"]
 # Portable PTX plus SASS for common data-centre GPUs, when TensorFlow does
 # not say which GPUs it was built for.
 GENCODES = [

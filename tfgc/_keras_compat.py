@@ -1,6 +1,6 @@
 """Every use of Keras private API in tfgc, fenced and version-checked.
 
-Three things need it:
+Four things need it:
 1. `CompressedOptimizer` communicates gradients itself, so the inner
    optimizer must not all-reduce them again. Keras 3 sums inside
    `TFOptimizer._all_reduce_sum_gradients` and has no public switch
@@ -13,6 +13,9 @@ Three things need it:
    reduces the first distributed batch with `strategy.reduce`, and
    `reduce_per_replica` reduces scalar metrics with `axis=0`. The fix below
    replaces both, in multi-worker mode only.
+4. The fused update (`tfgc.optimizers.fused_apply`) stands in for the
+   inner optimizer's own `apply`: it reads the optimizer's slots, its
+   clipping, weight-decay exclusions and step counter as `apply` does.
 
 Outside the tested Keras versions this module refuses to run unless
 `TFGC_ALLOW_UNTESTED_KERAS=1` is set, because the hooks may have moved.
@@ -244,3 +247,53 @@ def patch_multi_worker_fit() -> bool:
     )
     _trainer = trainer
     return True
+
+
+# --- 4. the fused update: what Keras's `apply` reads ------------------------
+
+
+def update_slots(optimizer, rule_slots: int, variable) -> list:
+    """The slot variables of `variable` that Keras's SGD (momentum) and
+    Adam update: [momentum] or [momentum, velocity]; none for plain SGD."""
+    index = optimizer._get_variable_index(variable)
+    if rule_slots == 0:
+        return []
+    if isinstance(optimizer, keras.optimizers.Adam):
+        return [optimizer._momentums[index], optimizer._velocities[index]]
+    return [optimizer.momentums[index]]
+
+
+def clip_gradients(optimizer, grads: list) -> list:
+    """The inner optimizer's `clipnorm` / `clipvalue` clipping, per tensor
+    as Keras's `apply` clips."""
+    return optimizer._clip_gradients(grads)
+
+
+def decays_weight(optimizer, variable) -> bool:
+    """Whether Keras's `_apply_weight_decay` decays `variable`: the
+    optimizer has a weight decay and does not exclude the variable (asked
+    of the `tf.Variable`, as the TensorFlow backend asks)."""
+    if optimizer.weight_decay is None:
+        return False
+    return bool(optimizer._use_weight_decay(_tf_variable(variable)))
+
+
+def count_step(optimizer) -> None:
+    """One more step on the counter, as the end of Keras's `apply`."""
+    step_counter(optimizer).assign_add(1)
+
+
+def _tf_variable(variable):
+    """The `tf.Variable` behind a Keras variable (a `tf.Variable` as is)."""
+    if isinstance(variable, keras.Variable):
+        return variable.value
+    return variable
+
+
+def local_variable(variable):
+    """The `tf.Variable` (Keras's, or a raw one) that this replica updates:
+    its own copy of a distributed variable in replica context."""
+    value = _tf_variable(variable)
+    if isinstance(value, tf.distribute.DistributedValues):
+        return value._get_on_device_or_primary()
+    return value

@@ -758,11 +758,13 @@ class BlockRunner {
 // a test can assert that a launcher keeps its work on the device: `waits`
 // counts cudaStreamSynchronize, cudaDeviceSynchronize,
 // cudaEventSynchronize and blocking cudaMemcpy calls; `to_host` and
-// `from_host` count copies (blocking or not) from and to device memory.
+// `from_host` count copies (blocking or not) from and to device memory;
+// `launches` counts kernel launches, failed ones included.
 struct HostTraffic {
   int64_t waits = 0;
   int64_t to_host = 0;
   int64_t from_host = 0;
+  int64_t launches = 0;
 };
 
 inline HostTraffic& Traffic() {
@@ -824,6 +826,7 @@ cudaError_t Launch(void (*kernel)(Params...), dim3 grid, dim3 block,
   static_assert(sizeof...(Params) == sizeof...(Args),
                 "kernel launched with the wrong number of arguments");
   (void)stream;
+  ++Traffic().launches;
   static const std::string name = KernelName(__PRETTY_FUNCTION__);
   const char* what = name.c_str();
   if (shmem != 0) Fatal("dynamic shared memory is not emulated: %s", what);
@@ -951,6 +954,33 @@ inline float atomicAdd(float* address, float value) {
 }
 inline double atomicAdd(double* address, double value) {
   return tfgc::emu::AtomicAdd(address, value);
+}
+
+// The correctly rounded float32 operations of the CUDA math API (to
+// nearest even), which nvcc never contracts into a fused multiply-add. Each
+// result passes through a volatile so that the host compiler cannot fuse
+// them either (emulation_flags() also turns contraction off). Subnormals
+// are kept, as on a device built without -ftz=true, unless the calling
+// thread flushes them (MXCSR FTZ and DAZ).
+inline float __fadd_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
+inline float __fsub_rn(float a, float b) {
+  volatile float r = a - b;
+  return r;
+}
+inline float __fmul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+inline float __fdiv_rn(float a, float b) {
+  volatile float r = a / b;
+  return r;
+}
+inline float __fsqrt_rn(float a) {
+  volatile float r = sqrtf(a);
+  return r;
 }
 
 // Bit counts of the CUDA math API (__clzll(0) is 64, as on the device).

@@ -22,6 +22,8 @@
 
 #include "custom_ops/cc/kernels/bits_gpu.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
+#include "custom_ops/cc/kernels/fused_update_common.h"
+#include "custom_ops/cc/kernels/fused_update_gpu.h"
 #include "custom_ops/cc/kernels/golomb_gpu.h"
 #include "custom_ops/cc/kernels/scatter_gpu.h"
 #include "custom_ops/cc/kernels/top_k_sample_common.h"
@@ -34,8 +36,10 @@ int64_t g_scratch_bytes = 0;
 cudaEvent_t g_timer_start = nullptr;
 cudaEvent_t g_timer_stop = nullptr;
 #if defined(TFGC_CUDA_EMULATION)
-// What the last tfgc_top_k_sample's launchers asked of the host.
+// What the launchers of the last tfgc_top_k_sample (or its segmented form)
+// and of the last tfgc_fused_update asked of the host.
 tfgc::emu::HostTraffic g_top_k_traffic;
+tfgc::emu::HostTraffic g_fused_update_traffic;
 #endif
 
 // Runs body(static_cast<T*>(nullptr)) with the element type T of the C
@@ -91,25 +95,36 @@ class ScopedFlushDenormals {
   unsigned saved_ = 0;
 };
 
-// One TopKSample call of the C API: while alive, the thread flushes
-// denormals when asked (ScopedFlushDenormals); under the emulation, what
-// the launchers asked of the host meanwhile goes to g_top_k_traffic.
-class TopKSampleCall {
+// One call of the C API whose launchers' host traffic is recorded: while
+// alive, the thread flushes denormals when asked (ScopedFlushDenormals);
+// under the emulation, what the launchers asked of the host meanwhile goes
+// to *record (g_top_k_traffic or g_fused_update_traffic; elsewhere null).
+#if defined(TFGC_CUDA_EMULATION)
+using TrafficRecord = tfgc::emu::HostTraffic;
+#define TFGC_TRAFFIC_RECORD(name) (&(name))
+#else
+using TrafficRecord = void;
+#define TFGC_TRAFFIC_RECORD(name) nullptr
+#endif
+
+class LauncherCall {
  public:
-  explicit TopKSampleCall(bool flush_denormals) : flush_(flush_denormals) {}
-  ~TopKSampleCall() {
+  LauncherCall(bool flush_denormals, TrafficRecord* record)
+      : flush_(flush_denormals), record_(record) {}
+  ~LauncherCall() {
 #if defined(TFGC_CUDA_EMULATION)
     const tfgc::emu::HostTraffic& after = tfgc::emu::Traffic();
-    g_top_k_traffic = {after.waits - before_.waits,
-                       after.to_host - before_.to_host,
-                       after.from_host - before_.from_host};
+    *record_ = {after.waits - before_.waits, after.to_host - before_.to_host,
+                after.from_host - before_.from_host,
+                after.launches - before_.launches};
 #endif
   }
-  TopKSampleCall(const TopKSampleCall&) = delete;
-  TopKSampleCall& operator=(const TopKSampleCall&) = delete;
+  LauncherCall(const LauncherCall&) = delete;
+  LauncherCall& operator=(const LauncherCall&) = delete;
 
  private:
   ScopedFlushDenormals flush_;
+  [[maybe_unused]] TrafficRecord* record_;  // only the emulation records
 #if defined(TFGC_CUDA_EMULATION)
   tfgc::emu::HostTraffic before_ = tfgc::emu::Traffic();
 #endif
@@ -170,7 +185,8 @@ int tfgc_top_k_sample(int dtype, const void* x, int64_t n, int64_t k,
   if (flush_denormals && !TFGC_HARNESS_HAVE_MXCSR) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  TopKSampleCall call(flush_denormals != 0);
+  LauncherCall call(flush_denormals != 0,
+                    TFGC_TRAFFIC_RECORD(g_top_k_traffic));
   int err = EnsureScratch(tfgc::gpu::TopKSampleScratchBytes(n));
   if (err != 0) return err;
   const auto m = static_cast<tfgc::TopKSampleMode>(mode);
@@ -220,7 +236,8 @@ int tfgc_top_k_sample_segments(int dtype, const void* x,
   if (flush_denormals && !TFGC_HARNESS_HAVE_MXCSR) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
-  TopKSampleCall call(flush_denormals != 0);
+  LauncherCall call(flush_denormals != 0,
+                    TFGC_TRAFFIC_RECORD(g_top_k_traffic));
   const std::vector<tfgc::TopKSampleSegment> segments =
       SegmentTable(table, count);
   const bool own_scratch = scratch == nullptr;
@@ -256,6 +273,40 @@ int tfgc_top_k_sample_segments(int dtype, const void* x,
   });
   if (own_scratch) cudaFree(scratch);
   return err;
+}
+
+// FusedUpdate of `count` float32 tensors by `rule` (0 SGD, 1 momentum,
+// 2 Nesterov, 3 Adam; fused_update_common.h), weight decay first when
+// `weight_decay`: pointers[4 * j ...] holds tensor j's device buffers
+// (variable, momentum, velocity, gradient; null for a slot the rule does
+// not have) and sizes[j] its elements; `scalars` is a device array of the
+// rule's scalars. `flush_denormals` as in tfgc_top_k_sample; under the
+// emulation, tfgc_emulation_fused_update_traffic then tells what the
+// launcher asked of the host.
+int tfgc_fused_update(int rule, int weight_decay, void* const* pointers,
+                      const int64_t* sizes, int64_t count,
+                      const float* scalars, int flush_denormals) {
+  if (flush_denormals && !TFGC_HARNESS_HAVE_MXCSR) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  LauncherCall call(flush_denormals != 0,
+                    TFGC_TRAFFIC_RECORD(g_fused_update_traffic));
+  std::vector<tfgc::fused_update::Tensor<float>> tensors(count > 0 ? count
+                                                                   : 0);
+  for (int64_t j = 0; j < count; ++j) {
+    tensors[j] = {static_cast<float*>(pointers[4 * j]),
+                  static_cast<float*>(pointers[4 * j + 1]),
+                  static_cast<float*>(pointers[4 * j + 2]),
+                  static_cast<const float*>(pointers[4 * j + 3]), sizes[j]};
+  }
+  return tfgc::gpu::FusedUpdate(static_cast<tfgc::fused_update::Rule>(rule),
+                                weight_decay != 0, tensors.data(), count,
+                                scalars, nullptr);
+}
+
+// dst[n] = src[n], both device buffers, through FusedUpdate's CopyBuffer.
+int tfgc_copy_buffer(float* dst, const float* src, int64_t n) {
+  return tfgc::gpu::CopyBuffer(dst, src, n, nullptr);
 }
 
 int tfgc_add_residual(int dtype, const void* g, const void* r, void* acc,
@@ -390,6 +441,18 @@ int tfgc_emulation_top_k_sample_traffic(int64_t* traffic) {
   traffic[0] = g_top_k_traffic.waits;
   traffic[1] = g_top_k_traffic.to_host;
   traffic[2] = g_top_k_traffic.from_host;
+  return 0;
+}
+
+// The same of the last tfgc_fused_update, and its kernel launches
+// (traffic[4]): no wait and no copy either way (the table travels in the
+// kernels' parameters, the scalars stay on the device), and one launch per
+// chunk of the table that holds a non-empty tensor.
+int tfgc_emulation_fused_update_traffic(int64_t* traffic) {
+  traffic[0] = g_fused_update_traffic.waits;
+  traffic[1] = g_fused_update_traffic.to_host;
+  traffic[2] = g_fused_update_traffic.from_host;
+  traffic[3] = g_fused_update_traffic.launches;
   return 0;
 }
 

@@ -10,6 +10,7 @@ compressors' numpy references (tests/numpy_reference.py) all use it:
 * Golomb-Rice coding (`np_golomb_encode`, `np_golomb_decode`,
   `optimal_b`; tfgc/ops/golomb_reference.py),
 * ScatterAddSum (`np_scatter_add_sum`; tfgc/ops/scatter.py),
+* FusedUpdate (`np_fused_update`; fused_update_common.h),
 * the 16-bit float conversions the kernels use (`to_bfloat16`,
   `round_to_bfloat16`, `to_dtype`, `as_float32`, `flush_subnormals`).
 """
@@ -277,3 +278,89 @@ def np_scatter_add_sum(values, indices, n: int, dtype: str) -> np.ndarray:
             sums[live] = flush_subnormals(sums[live] + x[heads[live] + rank])
     out[idx[heads]] = sums
     return to_dtype(out, dtype)
+
+
+FUSED_UPDATE_RULES = ("sgd", "momentum", "nesterov", "adam")  # Rule's codes
+# The scalars of each rule before the weight decay's two (RuleScalars).
+FUSED_UPDATE_SCALARS = {"sgd": 1, "momentum": 2, "nesterov": 2, "adam": 4}
+# x86 decides that a result is tiny (and FTZ makes it zero) after rounding
+# it to float32's precision with an unbounded exponent: an exact value
+# below this rounds below 2^-126 there, although rounding into the
+# subnormal range, as numpy and the device do, gives 2^-126.
+_X86_TINY_BELOW = 2.0**-126 - 2.0**-151
+
+
+def _ftz(r: np.ndarray, exact: np.ndarray | None = None) -> np.ndarray:
+    """An operation's float32 result `r` as a thread with FTZ gives it: a
+    zero of its sign when tiny; `exact` (float64) is the exact value of a
+    product or quotient, whose float32 result may round up to 2^-126 from
+    below (sums of float32 values never do)."""
+    r = np.asarray(r, np.float32)
+    mag = np.abs(r)
+    tiny = mag < np.finfo(np.float32).tiny
+    if exact is not None:
+        tiny |= (mag == np.finfo(np.float32).tiny) & (
+            np.abs(exact) < _X86_TINY_BELOW
+        )
+    return np.where(tiny, np.copysign(np.float32(0), r), r).astype(np.float32)
+
+
+class FtzFloat:
+    """UpdateElement's float policy as TensorFlow's CPU threads (x86 with
+    FTZ and DAZ) compute: subnormal operands read as zeros of their sign,
+    one float32 operation rounded to nearest, a tiny result (after rounding,
+    as x86 decides it) a zero of its sign."""
+
+    @staticmethod
+    def add(a, b):
+        return _ftz(flush_subnormals(a) + flush_subnormals(b))
+
+    @staticmethod
+    def sub(a, b):
+        return _ftz(flush_subnormals(a) - flush_subnormals(b))
+
+    @staticmethod
+    def mul(a, b):
+        a, b = flush_subnormals(a), flush_subnormals(b)
+        return _ftz(a * b, a.astype(np.float64) * b.astype(np.float64))
+
+    @staticmethod
+    def div(a, b):
+        # The float64 quotient lies on the same side of _X86_TINY_BELOW as
+        # the exact one, which differs from it by more than 2^-49 of it.
+        a, b = flush_subnormals(a), flush_subnormals(b)
+        return _ftz(a / b, a.astype(np.float64) / b.astype(np.float64))
+
+    @staticmethod
+    def sqrt(a):
+        return _ftz(np.sqrt(flush_subnormals(a)))
+
+
+def np_fused_update(rule: str, weight_decay: bool, scalars, w, m, v, g):
+    """The numpy oracle of FusedUpdate: (variable, momentum, velocity)
+    after one update of float32 arrays by `rule` (FUSED_UPDATE_RULES), with
+    the scalars in fused_update_common.h's layout (the rule's, then
+    weight_decay and decay_learning_rate when `weight_decay`). The float32
+    operations of UpdateElement, in its order, one at a time, each as
+    FtzFloat computes it; m and v may be None for the slots the rule does
+    not have, and come back as given then."""
+    f = FtzFloat
+    c = [np.float32(x) for x in scalars]
+    d = FUSED_UPDATE_SCALARS[rule]
+    with np.errstate(all="ignore"):  # inf - inf, 0 / 0, overflow
+        w = np.asarray(w, np.float32)
+        if weight_decay:
+            w = f.sub(w, f.mul(f.mul(w, c[d]), c[d + 1]))
+        if rule == "sgd":
+            w = f.sub(w, f.mul(g, c[0]))
+        elif rule == "adam":
+            m = f.add(m, f.mul(f.sub(g, m), c[1]))
+            v = f.add(v, f.mul(f.sub(f.mul(g, g), v), c[2]))
+            w = f.sub(w, f.div(f.mul(m, c[0]), f.add(f.sqrt(v), c[3])))
+        else:
+            m = f.sub(f.mul(m, c[1]), f.mul(g, c[0]))
+            if rule == "nesterov":
+                w = f.add(w, f.sub(f.mul(m, c[1]), f.mul(g, c[0])))
+            else:
+                w = f.add(w, m)
+    return w, m, v

@@ -2,12 +2,13 @@
 
 Builds a library from the same kernel sources the TF op uses
 (custom_ops/cc/kernels/*.cu.cc) plus harness_api.cu.cc, loads it with
-ctypes and compares TopKSample, AddResidual, the bit-packing kernels and
-ScatterAddSum against numpy. With nvcc the library runs on a GPU, where
-TopKSample is also timed against `torch.topk` when PyTorch is installed. With
-`--emulate` a C++ compiler builds the same sources against the CPU
-emulation of CUDA in cuda_emulation.h, and the checks run there, on sizes
-suited to a CPU and on several emulated devices and thread schedules.
+ctypes and compares TopKSample, AddResidual, the bit-packing kernels,
+ScatterAddSum, Golomb coding and FusedUpdate against numpy. With nvcc the
+library runs on a GPU, where TopKSample is also timed against `torch.topk`
+when PyTorch is installed. With `--emulate` a C++ compiler builds the same
+sources against the CPU emulation of CUDA in cuda_emulation.h, and the
+checks run there, on sizes suited to a CPU and on several emulated devices
+and thread schedules.
 
     python custom_ops/cuda_harness/run_harness.py --build-only  # no GPU
     python custom_ops/cuda_harness/run_harness.py               # on a GPU
@@ -64,9 +65,12 @@ EMULATED_DEVICES = (
 sys.path.insert(0, ROOT)
 from custom_ops import build as ops_build  # noqa: E402
 from custom_ops.cuda_harness.numpy_oracle import (  # noqa: E402
+    FUSED_UPDATE_RULES,
+    FtzFloat,
     as_float32,
     flush_subnormals,
     from_bfloat16,
+    np_fused_update,
     np_golomb_decode,
     np_golomb_encode,
     np_scatter_add_sum,
@@ -115,10 +119,13 @@ def find_cxx() -> str | None:
 
 
 def emulation_flags() -> list[str]:
-    """The C++ flags that compile a CUDA source on the emulation."""
+    """The C++ flags that compile a CUDA source on the emulation. Floating
+    point contraction is off: the _rn intrinsics, which nvcc never fuses
+    into a multiply-add, must stay separate roundings on the host too."""
     return [
         "-x",
         "c++",
+        "-ffp-contract=off",
         "-DTFGC_CUDA_EMULATION",
         "-include",
         CUDA_EMULATION_H,
@@ -253,6 +260,8 @@ class Harness:
         self.lib.tfgc_golomb_decode.argtypes = [
             vp, i64, i64, i32, i64, vp, vp, vp,
         ]  # fmt: skip
+        self.lib.tfgc_fused_update.argtypes = [i32, i32, vp, vp, i64, vp, i32]
+        self.lib.tfgc_copy_buffer.argtypes = [vp, vp, i64]
         self.lib.tfgc_timer_stop.argtypes = [ctypes.POINTER(ctypes.c_float)]
         self.lib.tfgc_copy_device.argtypes = [vp, vp, i64]
         # Whether TopKSample can run with the host thread flushing
@@ -265,6 +274,7 @@ class Harness:
             ]  # fmt: skip
             self.lib.tfgc_emulation_convert.argtypes = [i32, vp, i64, vp, vp]
             self.lib.tfgc_emulation_top_k_sample_traffic.argtypes = [vp]
+            self.lib.tfgc_emulation_fused_update_traffic.argtypes = [vp]
 
     def check(self, err: int, what: str) -> None:
         if err != 0:
@@ -451,6 +461,78 @@ class Harness:
         out = self.to_host(d_o, [n], values.dtype)
         self.free(d_v, d_i, d_o, d_s)
         return out, pos.value, index.value
+
+    def fused_update(
+        self,
+        rule: str | int,
+        weight_decay: bool,
+        scalars,
+        tensors: list,
+        flush: bool = False,
+        sizes: list[int] | None = None,
+        count: int | None = None,
+    ):
+        """FusedUpdate of `tensors`, a list of float32 (w, m, v, g) (None
+        for a slot the rule does not have), with `scalars` in a device
+        array of exactly their number. Returns (cudaError_t, each tensor's
+        [w, m, v] afterwards, whether every gradient and every buffer's
+        guard words were left alone). Each buffer is a device allocation
+        of its own with FUSED_UPDATE_GUARD random words before the tensor,
+        and after it on a GPU (under the emulation the guard page follows
+        it). `sizes` and `count` override the table's (invalid tables);
+        `rule` may be a code. Under the emulation, `fused_update_traffic`
+        then holds the launcher's (waits, copies to the host, copies from
+        the host, launches)."""
+        pad = FUSED_UPDATE_GUARD
+        after = 0 if self.emulated else pad
+        rng = np.random.default_rng(len(tensors))
+        pointers = np.zeros((max(1, len(tensors)), 4), np.uint64)
+        buffers = []  # (tensor, slot, device pointer, host copy with guards)
+        for j, arrays in enumerate(tensors):
+            for slot, a in enumerate(arrays):
+                if a is None:
+                    continue
+                guard = rng.integers(0, 2**32, pad + after, dtype=np.uint32)
+                guard = guard.view(np.float32)
+                full = np.concatenate([guard[:pad], a, guard[pad:]])
+                d = self.to_device(full.astype(np.float32))
+                pointers[j, slot] = d.value + 4 * pad
+                buffers.append((j, slot, d, full))
+        table_sizes = np.array(
+            [t[0].size for t in tensors] if sizes is None else sizes, np.int64
+        ).reshape(-1)
+        d_s = self.to_device(np.asarray(scalars, np.float32))
+        code = rule if isinstance(rule, int) else FUSED_UPDATE_RULES.index(rule)
+        err = self.lib.tfgc_fused_update(
+            code, int(weight_decay), pointers.ctypes.data,
+            table_sizes.ctypes.data, len(tensors) if count is None else count,
+            d_s, int(flush),
+        )  # fmt: skip
+        if self.emulated:
+            traffic = np.zeros(4, np.int64)
+            self.lib.tfgc_emulation_fused_update_traffic(traffic.ctypes.data)
+            self.fused_update_traffic = tuple(int(t) for t in traffic)
+        out = [list(t[:3]) for t in tensors]
+        intact = True
+        for j, slot, d, full in buffers:
+            got = self.to_host(d, full.shape, np.float32)
+            end = full.size - after
+            intact = intact and same_bits(got[:pad], full[:pad])
+            intact = intact and same_bits(got[end:], full[end:])
+            if slot == 3:
+                intact = intact and same_bits(got, full)
+            else:
+                out[j][slot] = got[pad:end]
+        self.free(d_s, *(d for _, _, d, _ in buffers))
+        return err, out, intact
+
+    def copy_buffer(self, x: np.ndarray) -> np.ndarray:
+        """x copied on the device by FusedUpdate's CopyBuffer."""
+        d_x, d_y = self.to_device(x), self.alloc(x.nbytes)
+        self.check(self.lib.tfgc_copy_buffer(d_y, d_x, x.size), "copy_buffer")
+        out = self.to_host(d_y, x.shape, x.dtype)
+        self.free(d_x, d_y)
+        return out
 
     def golomb_encode(self, indices: np.ndarray, n: int, b: int, bits: int):
         """(bytes, num_bits, (first bad position or -1, its index, the one
@@ -1180,6 +1262,329 @@ def check_scatter_add_sum(h: Harness, sizes, setup, report: Tally) -> None:
             )
 
 
+# FusedUpdate: guard words around each tensor's buffers, and the tensors of
+# one launch (kTensorsPerLaunch of fused_update_kernels.cu.cc), which gives
+# the number of launches a table takes.
+FUSED_UPDATE_GUARD = 8
+FUSED_UPDATE_CHUNK = 48
+WEIGHT_DECAY = 0.004
+
+
+def keras_scalars(
+    rule: str, decay: bool, lr: float, step: int = 1, momentum: float = 0.9
+) -> list:
+    """The scalars of `rule` as Keras computes them in float32 (Adam's
+    alpha at `step`, 1-based, with Keras's default betas and epsilon),
+    then weight_decay and the learning rate when `decay`."""
+    f32 = np.float32
+    lr32 = f32(lr)
+    if rule == "sgd":
+        c = [lr32]
+    elif rule == "adam":
+        beta_1_power = np.power(f32(0.9), f32(step))
+        beta_2_power = np.power(f32(0.999), f32(step))
+        alpha = lr32 * np.sqrt(f32(1) - beta_2_power) / (f32(1) - beta_1_power)
+        c = [alpha, f32(1 - 0.9), f32(1 - 0.999), f32(1e-7)]
+    else:
+        c = [lr32, f32(momentum)]
+    return c + ([f32(WEIGHT_DECAY), lr32] if decay else [])
+
+
+def fused_update_scalar_sets(rule: str, decay: bool):
+    """(description, scalars): SGD's learning rates 0.1 and 1e-3 with
+    momentum 0.9, and 3e-3 with momentum 0.99 (whose products can land in
+    the x86 band: x86_band_operand); Adam's alpha (learning rate 1e-3) at
+    steps 1 and 1000."""
+    if rule == "adam":
+        for step in (1, 1000):
+            yield f"step {step}", keras_scalars(rule, decay, 1e-3, step)
+    else:
+        for lr, mu in ((0.1, 0.9), (1e-3, 0.9), (3e-3, 0.99)):
+            what = f"lr {lr}" + ("" if rule == "sgd" else f" momentum {mu}")
+            yield what, keras_scalars(rule, decay, lr, momentum=mu)
+
+
+def training_tensor(rng, rule: str, n: int, scalars) -> tuple:
+    """(w, m, v, g) of training's scales: gradients ~1e-3, weights ~0.1,
+    the slots after three earlier steps of the rule (so v >= 0); None for
+    the slots the rule does not have."""
+    f32 = np.float32
+    w = (rng.standard_normal(n) * 0.1).astype(f32)
+    m = v = None
+    if rule != "sgd":
+        m = np.zeros(n, f32)
+        v = np.zeros(n, f32) if rule == "adam" else None
+        for _ in range(3):
+            g = (rng.standard_normal(n) * 1e-3).astype(f32)
+            if rule == "adam":
+                m = m + (g - m) * scalars[1]
+                v = v + (g * g - v) * scalars[2]
+            else:
+                m = m * scalars[1] - g * scalars[0]
+    g = (rng.standard_normal(n) * 1e-3).astype(f32)
+    return w, m, v, g
+
+
+def first_float_near(pred, x0: float) -> np.float32 | None:
+    """The first of the thousand or so float32 values around x0, upwards,
+    for which pred holds; None if none."""
+    x, end = np.float32(x0 * (1 - 2.0**-15)), x0 * (1 + 2.0**-15)
+    while x <= end:
+        if pred(x):
+            return x
+        x = np.nextafter(x, np.float32(np.inf))
+    return None
+
+
+def x86_band_operand(exact_of, x0: float) -> np.float32 | None:
+    """A float32 x near x0 for which exact_of(x), the exact value of an
+    operation the update does with x, lies in [2^-126 - 2^-150, 2^-126 -
+    2^-151): rounded into the subnormal range (numpy, the device) it is
+    2^-126, rounded with an unbounded exponent (x86, whose FTZ then makes
+    it zero) it is tiny. None when no x does: x * c can land there only if
+    some integer lies in [(2^47 - 2^23) / C, (2^47 - 2^22) / C), C the
+    24-bit significand of c, which holds for none of 0.1f, 0.9f, 1e-3f and
+    0.004f; x / y only if y is a power of two."""
+    low, high = 2.0**-126 - 2.0**-150, 2.0**-126 - 2.0**-151
+    return first_float_near(lambda x: low <= abs(exact_of(x)) < high, x0)
+
+
+def fused_update_specials(rule: str, c) -> list[tuple]:
+    """(description, {slot: value}) of special elements: NaN, infinities,
+    signed zeros, subnormal operands, products that underflow into the
+    subnormal range (flushed), overflow, and operations whose exact result
+    lies just below 2^-126 where x86 (FTZ) gives zero but rounding into
+    the subnormal range gives 2^-126. Slots not named keep their values."""
+    f32 = np.float32
+    sub = f32(1e-39)  # subnormal
+    specials = [
+        ("nan gradient", {"g": np.nan}),
+        ("inf gradient", {"g": np.inf}),
+        ("-inf gradient", {"g": -np.inf}),
+        ("nan weight", {"w": np.nan}),
+        ("inf weight", {"w": np.inf}),
+        ("zeros", {"w": 0.0, "m": 0.0, "v": 0.0, "g": 0.0}),
+        ("negative zeros", {"w": -0.0, "m": -0.0, "v": 0.0, "g": -0.0}),
+        ("subnormal weight", {"w": sub}),
+        ("subnormal gradient", {"g": -3 * sub, "w": 0.0}),
+        ("subnormal slots", {"m": -sub, "v": 2 * sub}),
+        # g * lr (and for Adam g * c1) underflows: flushed before w - it.
+        ("product underflows", {"g": f32(1e-37), "w": 0.0, "m": 0.0}),
+        # g * g underflows (Adam's v); the rest of them are normal.
+        ("square underflows", {"g": f32(1e-20), "v": 0.0, "m": 0.0}),
+        # w * weight_decay underflows.
+        ("decay underflows", {"w": f32(1e-36)}),
+        # m * momentum underflows.
+        ("momentum underflows", {"m": f32(1.25e-38), "w": 0.0}),
+        ("overflow", {"w": f32(3.4e38), "g": f32(-3.4e38), "m": 0.0}),
+        ("huge gradient", {"g": f32(1e20)}),
+    ]
+    return specials + x86_band_specials(rule, c)
+
+
+def x86_band_specials(rule: str, c) -> list[tuple]:
+    """The specials (as fused_update_specials's) whose product or quotient
+    lands in the x86 band (x86_band_operand), for the operations of the
+    rule where these scalars let one land, each arranged so that the
+    flushed result shows in the outputs. (Weight decay's w * 0.004f * lr
+    reaches no float32 that lands there with the learning rates here.)"""
+    f32, f64, f = np.float32, np.float64, FtzFloat
+    found = []
+
+    def add(name, exact_of, x0, slot, values):
+        """The special with x86_band_operand's x in `slot`; a value "g"
+        in `values` stands for that x too."""
+        x = x86_band_operand(exact_of, x0)
+        if x is not None:
+            values = {
+                k: x if isinstance(v, str) else v for k, v in values.items()
+            }
+            found.append((f"x86 band: {name}", {slot: x, **values}))
+
+    if rule == "adam":
+        alpha, c2 = f32(c[0]), f32(c[2])
+        # m * alpha, with m = g (m stays) and v = 0 (the denominator is
+        # eps). Adam's other products are by 1 - beta_1, 1 - beta_2 or a
+        # square, none of which can land in the band.
+        add(
+            "m * alpha", lambda x: f64(x) * f64(alpha), 2.0**-126 / alpha,
+            "g", {"m": "g", "v": 0.0},
+        )  # fmt: skip
+
+        # (m * alpha) / (sqrt(v) + eps) with a denominator of exactly 2
+        # (v near 4) and m * alpha = 2^-125 - 2^-149.
+        def denominator(v):
+            v = f.add(v, f.mul(f.sub(f.mul(g, g), v), c2))
+            return f.add(f.sqrt(v), f32(c[3]))
+
+        g = f32(2.0**-125 / float(alpha))
+        v = first_float_near(lambda v: denominator(v) == 2, 4 / (1 - c2))
+        if v is not None:
+            den = f64(denominator(v))
+            add(
+                "quotient", lambda x: f64(f.mul(x, alpha)) / den,
+                2.0**-125 / alpha, "g", {"m": "g", "v": v},
+            )  # fmt: skip
+    else:
+        # g * lr (w = 0, m = 0: nothing else moves), m * momentum.
+        lr = f32(c[0])
+        add(
+            "g * lr", lambda x: f64(x) * f64(lr), 2.0**-126 / lr, "g",
+            {"w": 0.0, "m": 0.0},
+        )  # fmt: skip
+        if rule != "sgd":
+            mu = f32(c[1])
+            add(
+                "m * momentum", lambda x: f64(x) * f64(mu), 2.0**-126 / mu,
+                "m", {"g": 0.0, "w": 0.0},
+            )  # fmt: skip
+    return found
+
+
+def with_specials(tensor: tuple, specials, at_end: bool) -> tuple:
+    """`tensor` with the specials in its first (or last) elements."""
+    w, m, v, g = (None if a is None else a.copy() for a in tensor)
+    n = w.size
+    for i, (_, values) in enumerate(specials):
+        j = n - len(specials) + i if at_end else i
+        for slot, a in (("w", w), ("m", m), ("v", v), ("g", g)):
+            if a is not None and slot in values:
+                a[j] = values[slot]
+    return w, m, v, g
+
+
+def fused_update_tables(sizes, rng, scale: int):
+    """(description, lengths, whether only the cases of training run: one
+    set of scalars, no special elements, no weight decay for a large
+    size): no tensor, one, three, 100 of mixed sizes (three launches: each
+    check size once, then sizes up to 4097), ResNet-50's 161 tensors
+    (above 4096 elements divided by `scale`), and each large size with two
+    small tensors."""
+    if sizes.small:
+        biggest = max(sizes.small)
+        yield "no tensor", [], False
+        yield f"one tensor n={biggest}", [biggest], False
+        yield "3 tensors", [257, 0, biggest], False
+        mixed = [0, 1, 31, 257, *sizes.small]
+        fill = [n for n in mixed if n <= 4097]
+        lengths = mixed + [fill[j % len(fill)] for j in range(100 - len(mixed))]
+        yield "100 tensors", [int(n) for n in rng.permutation(lengths)], False
+        resnet = [
+            n if n <= 4096 else max(4097, n // scale) for n in resnet50_sizes()
+        ]
+        yield f"ResNet-50 161 tensors /{scale}", resnet, True
+    for n in sizes.large:
+        yield f"large n={n}", [n, 1000, 0], True
+
+
+def fused_update_launches(lengths) -> int:
+    """Launches of a table: one per chunk holding a non-empty tensor."""
+    chunks = range(0, len(lengths), FUSED_UPDATE_CHUNK)
+    return sum(any(lengths[c : c + FUSED_UPDATE_CHUNK]) for c in chunks)
+
+
+def fused_update_matches(got, want) -> bool:
+    """Bits equal; where the oracle has a NaN, any NaN (the CPU and the
+    device make NaNs of other bits)."""
+    nan = np.isnan(want)
+    return bool(same_bits(got[~nan], want[~nan]) and np.all(np.isnan(got[nan])))
+
+
+def check_fused_update(h: Harness, sizes, setup, report: Tally) -> None:
+    """FusedUpdate against np_fused_update, bit for bit: every rule with
+    and without weight decay, Keras's scalars, tables of 0, 1, 3, 100 and
+    ResNet-50's 161 tensors, training-like values and special ones (every
+    other case with the host thread flushing denormals; under the
+    emulation the device code then runs with x86's FTZ and DAZ, the CPU
+    threads' arithmetic, which the oracle must match too). Gradients and
+    the words around every buffer must be left alone; under the emulation
+    the launcher may neither wait nor copy to or from the host, and
+    launches once per chunk. Then invalid tables and CopyBuffer."""
+    rng = np.random.default_rng(8)
+    # ResNet-50's larger tensors scaled down: numpy takes 15 s per update
+    # of all 25.5 M elements; the large sizes cover tensors that size.
+    scale = 64 if h.emulated else 8
+    tables = list(fused_update_tables(sizes, rng, scale))
+    case = 0
+    for rule in FUSED_UPDATE_RULES:
+        for decay in (False, True):
+            sets = [
+                (what, c, fused_update_specials(rule, c))
+                for what, c in fused_update_scalar_sets(rule, decay)
+            ]
+            for name, lengths, training_only in tables:
+                if report.skip(max(lengths, default=0)) or (
+                    decay and name.startswith("large")
+                ):
+                    continue
+                for what, scalars, specials in (
+                    sets[-1:] if training_only else sets
+                ):
+                    where = setup(case)
+                    flush = h.can_flush and case % 2 == 1
+                    case += 1
+                    tensors = []
+                    for j, n in enumerate(lengths):
+                        t = training_tensor(rng, rule, n, scalars)
+                        if (
+                            not training_only
+                            and n >= len(specials)
+                            and (j % 2 == 0)
+                        ):
+                            t = with_specials(t, specials, j % 4 == 2)
+                        tensors.append(t)
+                    err, out, intact = h.fused_update(
+                        rule, decay, scalars, tensors, flush
+                    )
+                    bad = []
+                    for j, (w, m, v, g) in enumerate(tensors):
+                        want = np_fused_update(rule, decay, scalars, w, m, v, g)
+                        for slot in range(3):
+                            if want[slot] is None:
+                                continue
+                            if not fused_update_matches(
+                                out[j][slot], want[slot]
+                            ):
+                                bad.append((j, "wmv"[slot]))
+                    ok = err == 0 and intact and not bad
+                    traffic = ""
+                    if h.emulated:
+                        expected = (0, 0, 0, fused_update_launches(lengths))
+                        ok = ok and h.fused_update_traffic == expected
+                        traffic = f" host traffic {h.fused_update_traffic}"
+                    report(
+                        ok,
+                        f"fused_update {rule} weight_decay={decay} {what} "
+                        f"{name} flush_denormals={flush} error {err} "
+                        f"guards intact {intact} bad (tensor, slot) "
+                        f"{bad[:6]}{traffic}{where}",
+                    )
+    # Invalid tables: refused (cudaErrorInvalidValue) before any launch.
+    c = keras_scalars("sgd", False, 0.1)
+    one = training_tensor(rng, "sgd", 5, c)
+    for what, kwargs in (
+        ("count -1", {"count": -1}),
+        ("size -1 after a valid tensor", {"sizes": [5, -1]}),
+        ("rule 7", {"rule": 7}),
+    ):
+        setup(case)
+        case += 1
+        tensors = [one, one] if "sizes" in kwargs else [one]
+        args = {"rule": "sgd", **kwargs}
+        err, out, intact = h.fused_update(
+            args.pop("rule"), False, c, tensors, **args
+        )
+        ok = err == 1 and intact and same_bits(out[0][0], one[0])
+        if h.emulated:
+            ok = ok and h.fused_update_traffic == (0, 0, 0, 0)
+        report(ok, f"fused_update invalid: {what}: error {err}")
+    for n in (0, 1, *sizes.small[-1:]):
+        setup(case)
+        case += 1
+        x = rng.standard_normal(n).astype(np.float32)
+        report(same_bits(h.copy_buffer(x), x), f"copy_buffer {n=}")
+
+
 def check_conversions(h: Harness, report: Tally) -> None:
     """The emulation's float16/bfloat16 conversions against numpy."""
     rng = np.random.default_rng(3)
@@ -1222,6 +1627,7 @@ CHECKS = {
     "bits": check_bits,
     "scatter_add_sum": check_scatter_add_sum,
     "golomb": check_golomb,
+    "fused_update": check_fused_update,
 }
 
 

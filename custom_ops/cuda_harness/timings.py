@@ -12,6 +12,9 @@ Tables (`--only`):
   heavy-tailed (Student-t, 2 degrees of freedom) float32 data;
 - segments: ResNet-50's 161 tensors selected by one segmented launch and
   by one launch per tensor, each mode, at each density;
+- fused_update: ResNet-50's 161 variables updated by one FusedUpdate and
+  by one FusedUpdate per variable, SGD with momentum and Adam, against a
+  device-to-device copy that moves as many bytes;
 - add_residual, bits (pack, unpack, the unpack reductions of 4 workers),
   golomb (encode, decode of SBC-sized index sets) and scatter_add_sum (4
   workers' top-k payloads summed into a dense tensor), at ResNet-50's
@@ -47,6 +50,7 @@ from custom_ops.cuda_harness import run_harness as rh  # noqa: E402
 TABLES = (
     "top_k_sample",
     "segments",
+    "fused_update",
     "add_residual",
     "bits",
     "golomb",
@@ -295,11 +299,85 @@ class Bench:
         self.h.free(d_v, d_i, d_s)
         return segmented.median, per_tensor.median
 
-    def resnet_elements(self) -> int:
-        return sum(
-            n if n <= 4096 else max(4097, n // self.settings.resnet_scale)
+    def resnet_lengths(self) -> list[int]:
+        """ResNet-50's tensors, those above 4096 elements divided by the
+        settings' resnet_scale."""
+        scale = self.settings.resnet_scale
+        return [
+            n if n <= 4096 else max(4097, n // scale)
             for n in rh.resnet50_sizes()
-        )
+        ]
+
+    def resnet_elements(self) -> int:
+        return sum(self.resnet_lengths())
+
+    def fused_update(self) -> list[dict]:
+        return [
+            self._fused_update_row(rule, self.resnet_lengths())
+            for rule in ("momentum", "adam")
+        ]
+
+    def _fused_update_row(self, rule: str, lengths: list[int]) -> dict:
+        """One FusedUpdate of every tensor against one per tensor (161
+        launches of a table of one) and a copy: float32, each role's
+        tensors in one buffer at offsets aligned to 256 bytes, as
+        TensorFlow's allocator aligns them."""
+        slots = 1 if rule == "momentum" else 2
+        aligned = [-(-n // 64) * 64 for n in lengths]
+        offsets = np.cumsum(aligned) - aligned
+        total = int(sum(aligned))
+        rng = np.random.default_rng(6)
+        roles = []  # variable, momentum, velocity, gradient (or None)
+        for role in range(4):
+            if role == 0 or role == 3 or role <= slots:
+                x = rng.standard_normal(total).astype(np.float32) * 1e-3
+                roles.append(self.h.to_device(np.abs(x) if role == 2 else x))
+            else:
+                roles.append(None)
+        pointers = np.zeros((len(lengths), 4), np.uint64)
+        for role, d in enumerate(roles):
+            if d is not None:
+                pointers[:, role] = (d.value or 0) + 4 * offsets
+        sizes = np.array(lengths, np.int64)
+        scalars = rh.keras_scalars(rule, False, 1e-3 if rule == "adam" else 0.1)
+        d_s = self.h.to_device(np.array(scalars, np.float32))
+        code = oracle.FUSED_UPDATE_RULES.index(rule)
+        fused = self.time(
+            "tfgc_fused_update", code, 0, pointers.ctypes.data,
+            sizes.ctypes.data, len(lengths), d_s, 0,
+        )  # fmt: skip
+        launches = [
+            partial(
+                self.call,
+                "tfgc_fused_update",
+                code,
+                0,
+                pointers.ctypes.data + 32 * j,
+                sizes.ctypes.data + 8 * j,
+                1,
+                d_s,
+                0,
+            )
+            for j in range(len(lengths))
+        ]
+        per_tensor = self.clock.time(lambda: [f() for f in launches])
+        elements = int(sizes.sum())
+        # Reads the variable, the gradient and the slots; writes the
+        # variable and the slots.
+        moved = elements * 4 * ((2 + slots) + (1 + slots))
+        d_c = self.h.alloc(moved // 2)
+        copy = self.copy_ms(d_c, moved // 2)  # reads and writes moved / 2
+        self.h.free(d_s, d_c, *(d for d in roles if d is not None))
+        return {
+            "rule": rule,
+            "tensors": len(lengths),
+            "elements": elements,
+            "bytes": moved,
+            "fused_ms": fused.median,
+            "per_tensor_ms": per_tensor.median,
+            "copy_ms": copy,
+            "gb_per_s": moved / fused.median / 1e6,
+        }
 
     def add_residual(self) -> list[dict]:
         n = self.resnet_elements()
@@ -604,6 +682,18 @@ COLUMNS = {
         ("segmented ms", "segmented_ms"),
         ("per-tensor ms", "per_tensor_ms"),
         ("speedup", "per_tensor_ms/segmented_ms"),
+    ],
+    "fused_update": [
+        ("rule", "rule"),
+        ("tensors", "tensors"),
+        ("elements", "elements"),
+        ("bytes moved", "bytes"),
+        ("fused ms", "fused_ms"),
+        ("per-tensor ms", "per_tensor_ms"),
+        ("speedup", "per_tensor_ms/fused_ms"),
+        ("copy ms (same bytes)", "copy_ms"),
+        ("x copy", "fused_ms/copy_ms"),
+        ("GB/s", "gb_per_s"),
     ],
     "add_residual": [
         ("dtype", "dtype"),

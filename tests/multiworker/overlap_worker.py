@@ -6,7 +6,8 @@ small buckets under the non-finite guard, one fused exchange), profiles
 one training step of each, and on the
 chief writes to `<out>/overlap.json`, per run, when the step's last
 gradient op ended, when the first bucket's first collective started, when
-the last collective ended and when the first variable update started
+the last collective started and ended, and when the first variable
+update started
 (picoseconds on the profiler's clock).
 """
 
@@ -25,7 +26,12 @@ import tfgc
 from tests.multiworker.test_overlap import LAYERS, LOCAL_BATCH, RUNS
 
 WIDTH = 512
-UPDATE = re.compile(r"/sgd(_\d+)?/update[^:]*/Assign\w*VariableOp:")
+# A weight update: the fused op of a bucket, or Keras's own SGD step
+# (w -= g * lr); not the step counter's increment, which depends on no
+# gradient.
+UPDATE = re.compile(
+    r"/sgd(_\d+)?/(Tfgc>FusedUpdate(_\d+)?|update[^:]*/AssignSubVariableOp):"
+)
 
 
 def events(logdir: str):
@@ -86,8 +92,7 @@ def profiled_step(strategy, bucket_bytes, non_finite, logdir: str) -> dict:
         e for e in profile if "tfgc_bucket_" in e[0] and ":Collective" in e[0]
     ]
     first_bucket = [e for e in collectives if "tfgc_bucket_0/" in e[0]]
-    # Keras's SGD (`sgd`, `sgd_1`, ...) writes each variable in an op of its
-    # own.
+    # Keras's SGD (`sgd`, `sgd_1`, ...): one fused op per bucket.
     updates = [e for e in profile if UPDATE.search(e[0])]
     return {
         "gradient_ops": len(gradients),
@@ -95,6 +100,7 @@ def profiled_step(strategy, bucket_bytes, non_finite, logdir: str) -> dict:
         "update_ops": len(updates),
         "last_gradient_end": max((e[2] for e in gradients), default=0),
         "first_collective_start": min((e[1] for e in first_bucket), default=0),
+        "last_collective_start": max((e[1] for e in collectives), default=0),
         "last_collective_end": max((e[2] for e in collectives), default=0),
         "first_update_start": min((e[1] for e in updates), default=0),
     }

@@ -81,7 +81,8 @@ def run_harness_checks(lib: str, *extra: str) -> None:
 def test_kernels_match_numpy(emulation_lib):
     from custom_ops.cuda_harness import run_harness  # noqa: PLC0415
 
-    checks = [c for c in run_harness.CHECKS if c != "top_k_segments"]
+    own_tests = ("top_k_segments", "fused_update")
+    checks = [c for c in run_harness.CHECKS if c not in own_tests]
     run_harness_checks(emulation_lib, "--checks", ",".join(checks))
 
 
@@ -93,6 +94,18 @@ def test_segmented_top_k_matches_single_launches(emulation_lib):
     # of the exact-k modes (nothing but the table's upload) and of
     # threshold mode (one wait, one copy of all the sizes).
     run_harness_checks(emulation_lib, "--checks", "top_k_segments")
+
+
+def test_fused_update_matches_numpy(emulation_lib):
+    # Every rule with and without weight decay, Keras's scalars, tables of
+    # 0, 1, 3, 100 (three launches) and ResNet-50's 161 tensors: each
+    # variable and slot bit for bit numpy's float32 operations in
+    # UpdateElement's order with FTZ and DAZ as on x86 (subnormal operands
+    # and results, and the products that x86 deems tiny only after
+    # rounding, flushed), with and without the host thread flushing; the
+    # gradients and the words around every buffer untouched, no host
+    # waits or copies, one launch per chunk; invalid tables refused.
+    run_harness_checks(emulation_lib, "--checks", "fused_update")
 
 
 @pytest.mark.slow

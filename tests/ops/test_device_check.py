@@ -55,9 +55,14 @@ def test_every_step_runs_on_the_emulation(tmp_path):
     assert set(tables) == set(dc.timings_lib.TABLES)
     assert all(t["rows"] and t["command"] for t in tables.values())
     assert all(r["ms"] > 0 for r in tables["top_k_sample"]["rows"])
+    assert [r["rule"] for r in tables["fused_update"]["rows"]] == [
+        "momentum", "adam",
+    ]  # fmt: skip
+    assert all(r["tensors"] == 161 for r in tables["fused_update"]["rows"])
     md = (tmp_path / "ops_gpu.md").read_text()
     for heading in ("## Steps", "## Checks against numpy", "## Timings",
-                    "### segments", "not a GPU"):  # fmt: skip
+                    "### segments", "### fused_update",
+                    "not a GPU"):  # fmt: skip
         assert heading in md, md[:3000]
     log = (tmp_path / "device_check.log").read_text()
     assert "=== top_k_sample small: rc=0" in log

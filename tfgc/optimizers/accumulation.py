@@ -33,10 +33,9 @@ def apply(
             exchanged[i] = exchanged[i] + plan.accumulator
         # Warm-up, phases and keys count exchanges, not micro-batches.
         exchange_index = tf.cast(calls, tf.int64) // accumulation_steps
-        summed, traffic = steps.exchange(
-            exchanged, trainable_variables, exchange_index
-        )
-        steps.count(traffic)
+        result = steps.exchange(exchanged, trainable_variables, exchange_index)
+        summed = result.totals
+        steps.count(result.traffic)
         for i, plan in zip(present, plans):
             summed[i] = summed[i] / accumulation_steps
             plan.accumulator.assign(tf.zeros_like(plan.accumulator))

@@ -73,10 +73,10 @@ def check_inner_optimizer(inner, wrapper_type: type) -> None:
 
 
 def check_values(
-    error_feedback, min_compress_size, seed, non_finite, bucket_bytes
-) -> tuple[bool, int, int, int | None]:
+    error_feedback, min_compress_size, seed, non_finite, bucket_bytes, fused
+) -> tuple[bool, int, int, int | None, bool]:
     """The optimizer's plain arguments, checked: (error_feedback,
-    min_compress_size, seed, bucket_bytes)."""
+    min_compress_size, seed, bucket_bytes, fused_update)."""
     if non_finite not in NON_FINITE_POLICIES:
         raise ValueError(
             f"`non_finite` must be one of {list(NON_FINITE_POLICIES)}. "
@@ -89,6 +89,7 @@ def check_values(
         None
         if bucket_bytes is None
         else _arguments.check_int("bucket_bytes", bucket_bytes, minimum=1),
+        _arguments.check_bool("fused_update", fused),
     )
 
 

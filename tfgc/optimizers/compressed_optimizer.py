@@ -15,6 +15,7 @@ from tfgc.communicators import topology as topology_lib
 from tfgc.optimizers import (
     accumulation,
     checks,
+    fused_apply,
     local_rounds,
     non_finite,
     planning,
@@ -69,6 +70,11 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             each with its own collectives (25 MiB, as PyTorch DDP; a
             compressor's own preference, ACP-SGD's, wins); None: one
             fused exchange of every gradient.
+        fused_update: update each bucket's variables, as soon as its sums
+            arrive, with one fused operator (`tfgc.ops.fused_update`),
+            bit for bit Keras's own update, for Keras's SGD (momentum,
+            Nesterov), Adam and AdamW; other optimizers, and False, keep
+            Keras's per-variable update.
         non_finite: what a step does when a gradient holds NaN or Inf on
             any replica. "propagate" (default, as Keras does): the values
             are sent and reach the weights, the same on every worker.
@@ -92,6 +98,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         seed: int = 0,
         non_finite: str = "propagate",
         bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+        fused_update: bool = True,
         name: str | None = None,
         **kwargs,
     ):
@@ -99,13 +106,14 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         checks.check_keywords(kwargs, CompressedOptimizer.__init__)
         checks.check_inner_optimizer(inner_optimizer, CompressedOptimizer)
         checks.check_bare_compressor(compressor)
-        error_feedback, min_compress_size, seed, bucket_bytes = (
+        error_feedback, min_compress_size, seed, bucket_bytes, fused_update = (
             checks.check_values(
                 error_feedback,
                 min_compress_size,
                 seed,
                 non_finite,
                 bucket_bytes,
+                fused_update,
             )
         )
         super().__init__(learning_rate=0.0, name=name)
@@ -119,6 +127,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         self.min_compress_size = min_compress_size
         self.seed = seed
         self.bucket_bytes = bucket_bytes
+        self.fused_update = fused_update
         checks.check_combination(
             self.compressor, self.communicator, error_feedback, inner_optimizer
         )
@@ -150,6 +159,11 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         )
         self._counters = statistics.Counters.create(self.add_variable)
         self._dense_bytes = planning.dense_bytes(var_list)
+        self._fusion = (
+            fused_apply.Fusion.of(self.inner_optimizer, var_list)
+            if self.fused_update
+            else fused_apply.Fusion(None, "fused_update=False")
+        )
         self._steps = step.Steps.of(self, self._counters.count)
         super().build(var_list)
         self._saver = replica_state.Saver(
@@ -237,8 +251,19 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         # The step counter that counts is the inner optimizer's.
         return self.iterations
 
-    def _inner_apply(self, grads, trainable_variables):
-        """The inner optimizer's step on gradients that are already summed."""
+    def _inner_apply(self, grads, trainable_variables, buckets=None):
+        """The inner optimizer's step on gradients that are already summed:
+        fused, one op per bucket of indices (all in one without them), where
+        `fused_apply` can stand in for Keras's update."""
+        if fused_apply.usable(self._fusion, grads):
+            fused_apply.apply(
+                self.inner_optimizer,
+                self._fusion.rule,
+                grads,
+                trainable_variables,
+                fused_apply.covering(buckets, len(grads)),
+            )
+            return
         with _keras_compat.gradients_already_summed():
             self.inner_optimizer.apply(grads, trainable_variables)
 
@@ -340,6 +365,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             "seed": self.seed,
             "non_finite": self.non_finite,
             "bucket_bytes": self.bucket_bytes,
+            "fused_update": self.fused_update,
         }
 
     @classmethod

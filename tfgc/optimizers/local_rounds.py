@@ -48,11 +48,11 @@ def apply(
         updates = [None] * len(grads)
         for i, plan in zip(present, plans):
             updates[i] = trainable_variables[i] - plan.round_start
-        totals, traffic = steps.exchange(updates, trainable_variables, step)
+        result = steps.exchange(updates, trainable_variables, step)
         for i, plan in zip(present, plans):
-            mean = tf.cast(totals[i], plan.round_start.dtype) / replicas
+            mean = tf.cast(result.totals[i], plan.round_start.dtype) / replicas
             trainable_variables[i].assign(plan.round_start + mean)
-        return traffic
+        return result.traffic
 
     traffic = tf.cond((step + 1) % delay == 0, end_round, no_traffic)
     steps.count(traffic)

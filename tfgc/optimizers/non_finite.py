@@ -110,13 +110,13 @@ def apply_in_buckets(
     )
     if not verdicts:  # nothing to check
         step_lib.commit(agreed.plans, agreed.states)
-        return steps.inner_apply(summed, trainable_variables)
+        return steps.inner_apply(summed, trainable_variables, agreed.buckets)
     verdicts = tf.concat(verdicts, axis=1)
     finite = tf.reduce_all(verdicts)
 
     def take_step(summed, states):
         step_lib.commit(agreed.plans, states)
-        steps.inner_apply(summed, trainable_variables)
+        steps.inner_apply(summed, trainable_variables, agreed.buckets)
 
     if policy == "raise":
         names = [describe(trainable_variables[i]) for i in columns]

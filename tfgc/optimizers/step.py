@@ -17,8 +17,8 @@ from tfgc.optimizers import planning
 # What `no_overlap` has said in this process.
 _SAID: set[str] = set()
 
-#: exchange(tensors, trainable_variables, step) -> (totals, traffic)
-Exchange = Callable[[list, list, tf.Tensor], tuple[list, Traffic]]
+#: exchange(tensors, trainable_variables, step) -> Exchanged
+Exchange = Callable[[list, list, tf.Tensor], "Exchanged"]
 
 
 class Steps(NamedTuple):
@@ -31,7 +31,8 @@ class Steps(NamedTuple):
             verdicts, its new states not yet written, for the guard
             (`exchange_in_buckets` below).
         inner_apply: the inner optimizer's step on summed gradients,
-            `inner_apply(grads, trainable_variables)`.
+            `inner_apply(grads, trainable_variables, buckets=None)`, bucket
+            by bucket (lists of indices) when its update is fused.
         count: records a step's `Traffic` in the statistics.
         plans_of: `plans_of(items, trainable_variables)`: the indices of
             the items that are not None and their variables' plans.
@@ -39,7 +40,7 @@ class Steps(NamedTuple):
 
     exchange: Exchange
     exchange_agreeing: Callable[[list, list, tf.Tensor], Exchanged]
-    inner_apply: Callable[[list, list], None]
+    inner_apply: Callable[..., None]
     count: Callable[[Traffic], None]
     plans_of: Callable[[list, list], tuple[list[int], list]]
 
@@ -77,28 +78,25 @@ def no_overlap(reason: str, bucket_bytes: int | None) -> None:
 
 
 def plain(steps: Steps, grads, trainable_variables, step) -> None:
-    """Exchanges this step's gradients and applies their sum."""
+    """Exchanges this step's gradients and applies their sum, bucket by
+    bucket where the inner optimizer's update is fused."""
     exchanged = planning.without_overwritten(grads, trainable_variables)
-    summed, traffic = steps.exchange(exchanged, trainable_variables, step)
-    steps.count(traffic)
+    result = steps.exchange(exchanged, trainable_variables, step)
+    steps.count(result.traffic)
     steps.inner_apply(
-        planning.with_overwritten(summed, grads, trainable_variables),
+        planning.with_overwritten(result.totals, grads, trainable_variables),
         trainable_variables,
+        result.buckets,
     )
 
 
-def exchange(*args) -> tuple[list, Traffic]:
+def exchange(*args) -> Exchanged:
     """Compresses, exchanges and decompresses `tensors` (None skipped) and
     writes the compressors' new states: `exchange_in_buckets(*args)`
-    without the non-finite guard.
-
-    Returns:
-        (totals, traffic): per tensor the sum over workers (None where the
-        tensor was None), and the `Traffic` of the step.
-    """
+    without the non-finite guard."""
     result = exchange_in_buckets(*args, agree_finite=False)
     commit(result.plans, result.states)
-    return result.totals, result.traffic
+    return result
 
 
 class Exchanged(NamedTuple):
@@ -113,6 +111,7 @@ class Exchanged(NamedTuple):
         columns: the tensor index of each column of `verdicts`.
         plans: the plans of the exchanged tensors.
         states: each plan's new compressor state.
+        buckets: the tensor indices of each bucket, in exchange order.
     """
 
     totals: list
@@ -121,6 +120,7 @@ class Exchanged(NamedTuple):
     columns: list[int]
     plans: list
     states: list
+    buckets: list[list[int]]
 
 
 def finite_flags(tensors) -> tf.Tensor:
@@ -162,7 +162,7 @@ def exchange_in_buckets(
     present, plans = plans_of(tensors, trainable_variables)
     out = list(tensors)
     if not present:
-        return Exchanged(out, no_traffic(), None, [], [], [])
+        return Exchanged(out, no_traffic(), None, [], [], [], [])
     step = tf.cast(step, tf.int64)
     groups = communicator_exchange.buckets(
         [plan.compressor for plan in plans],
@@ -197,7 +197,8 @@ def exchange_in_buckets(
         states += new_states
         traffic = Traffic(*(a + b for a, b in zip(traffic, more)))
     joined = tf.concat(verdicts, axis=1) if verdicts else None
-    return Exchanged(out, traffic, joined, columns, done_plans, states)
+    buckets = [[present[j] for j in group] for group in groups]
+    return Exchanged(out, traffic, joined, columns, done_plans, states, buckets)
 
 
 def _exchange_bucket(
