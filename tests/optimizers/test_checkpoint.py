@@ -18,9 +18,9 @@ from tfgc import compressors
 _NOT_STATE = r"iteration|learning_rate|bytes|steps|momentum$"
 
 
-def _optimizer(compressor=None):
+def _optimizer(compressor=None, momentum=0.9):
     return lambda: tfgc.CompressedOptimizer(
-        keras.optimizers.SGD(0.05, momentum=0.9),
+        keras.optimizers.SGD(0.05, momentum=momentum),
         compressor or compressors.TopK(density=0.25),
         min_compress_size=0,
     )
@@ -39,6 +39,11 @@ def _per_replica(optimizer):
         name = name.removeprefix("sequential_")
         out[f"{i}:{name}"] = [np.asarray(c.numpy()) for c in values]
     return out
+
+
+def _sum(rows):
+    """The sum of the replicas' values, in float64."""
+    return np.sum([np.asarray(r, np.float64) for r in rows], axis=0)
 
 
 def _fresh(strategy, make_optimizer):
@@ -99,23 +104,80 @@ def test_training_on_after_loading_equals_training_through(mirrored, tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
-def test_another_number_of_replicas_resets_the_state_with_a_warning(
-    mirrored, tmp_path
+@pytest.mark.parametrize(
+    "compressor, momentum",
+    [
+        (compressors.TopK(density=0.25), 0.9),
+        # Momentum correction: the compressor's, the inner SGD's none.
+        (compressors.RedSync(0.25, momentum=0.9, cost_model=None), 0.0),
+    ],
+    ids=["topk", "redsync"],
+)
+def test_another_number_of_replicas_keeps_what_was_not_sent(
+    mirrored, tmp_path, compressor, momentum
 ):
-    trained = fit_small_model(mirrored, _optimizer(), *data(), batch_size=16)
+    """Four replicas saved, one and then four loaded: every residual (and
+    RedSync's momenta) summed over the replicas is what it was; each new
+    replica holds an even share. The multi-worker version is
+    tests/multiworker/test_regroup.py."""
+    make = _optimizer(compressor, momentum)
+    trained = fit_small_model(mirrored, make, *data(), batch_size=16)
+    saved = _per_replica(trained.optimizer)
+    sums = [k for k in saved if re.search(r"residual|momentum|accumulation", k)]
+    assert sums, sorted(saved)
+    assert any(not np.array_equal(saved[k][0], saved[k][-1]) for k in sums)
     path = str(tmp_path / "four.weights.h5")
     trained.save_weights(path)
-    one = _fresh(tf.distribute.get_strategy(), _optimizer())
+    one = _fresh(tf.distribute.get_strategy(), make)
     with pytest.warns(UserWarning, match=r"saved with 4 replicas.*with 1"):
         one.load_weights(path)
     for a, b in zip(one.get_weights(), trained.get_weights()):
         np.testing.assert_array_equal(a, b)
-    for key, (value,) in _per_replica(one.optimizer).items():
-        if "residual" in key or "bytes" in key:
-            assert not value.any(), key
+    got = _per_replica(one.optimizer)
+    for key in sums:
+        np.testing.assert_allclose(
+            got[key][0], _sum(saved[key]), rtol=1e-6, atol=1e-7, err_msg=key
+        )
     assert int(one.optimizer.iterations.numpy()) == int(
         trained.optimizer.iterations.numpy()
     )
+    # And back to four: each gets a quarter of the one replica's.
+    path = str(tmp_path / "one.weights.h5")
+    one.save_weights(path)
+    four = _fresh(mirrored, make)
+    with pytest.warns(UserWarning, match=r"saved with 1 replicas.*with 4"):
+        four.load_weights(path)
+    again = _per_replica(four.optimizer)
+    for key in sums:
+        for share in again[key]:
+            np.testing.assert_allclose(
+                share * 4, got[key][0], rtol=1e-6, atol=1e-7, err_msg=key
+            )
+
+
+def test_another_number_of_replicas_restarts_low_rank_factors(
+    mirrored, tmp_path
+):
+    """PowerSGD's factor restarts from its initial value on every
+    replica, its residual keeps its sum."""
+    make = _optimizer(compressors.PowerSGD(rank=1))
+    trained = fit_small_model(mirrored, make, *data(), batch_size=16)
+    path = str(tmp_path / "four.weights.h5")
+    trained.save_weights(path)
+    initial = _per_replica(_fresh(tf.distribute.get_strategy(), make).optimizer)
+    one = _fresh(tf.distribute.get_strategy(), make)
+    with pytest.warns(UserWarning, match="low-rank factors"):
+        one.load_weights(path)
+    got, saved = _per_replica(one.optimizer), _per_replica(trained.optimizer)
+    factors = [k for k in got if k.endswith("_q")]
+    assert factors, sorted(got)
+    for key in factors:
+        np.testing.assert_array_equal(got[key][0], initial[key][0])
+        assert not np.array_equal(got[key][0], saved[key][0]), key
+    for key in [k for k in got if "residual" in k]:
+        np.testing.assert_allclose(
+            got[key][0], _sum(saved[key]), rtol=1e-6, atol=1e-7, err_msg=key
+        )
 
 
 def test_a_keras_file_holds_every_replica(mirrored, tmp_path):

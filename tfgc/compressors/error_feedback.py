@@ -76,6 +76,11 @@ class ErrorFeedback(Compressor):
             inner=self.compressor.init_state(shape, dtype, key),
         )
 
+    def worker_sums(self, state):
+        return ErrorFeedbackState(
+            residual=True, inner=self.compressor.worker_sums(state.inner)
+        )
+
     def compress(self, x, state, key, info=None):
         # The state may be kept in another dtype (the variable's); the
         # arithmetic is in the gradient's, as the residual returned is.

@@ -185,6 +185,11 @@ class RedSync(base.DensityCompressor):
         zeros = tf.zeros(shape, dtype)
         return RedSyncState(zeros, zeros)
 
+    def worker_sums(self, state):
+        # This worker's momentum of its own gradients and what it has not
+        # sent of it: their sums over workers are the job's.
+        return RedSyncState(True, True)
+
     def compress(self, x, state, key):
         base.check_selection_dtype("RedSync", x.dtype)
         u = _momentum_step(self.momentum, state.momentum, x)
@@ -242,6 +247,9 @@ class MomentumDense(Identity):
     def init_state(self, shape, dtype, key):
         del key
         return MomentumState(tf.zeros(shape, dtype))
+
+    def worker_sums(self, state):
+        return MomentumState(True)
 
     def compress(self, x, state, key):
         del key

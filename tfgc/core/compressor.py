@@ -248,6 +248,16 @@ class Compressor:
         del shape, dtype, key
         return NoState()
 
+    def worker_sums(self, state) -> Any:
+        """Which leaves of `state` (structured as `init_state`'s) hold this
+        worker's share of a sum over workers: gradient not yet applied,
+        such as a residual or an accumulated momentum. Restored with
+        another number of workers, those are divided evenly among the new
+        workers, so their sum is kept; every other leaf restarts from
+        `init_state`, the same on every worker. The same structure, of
+        bools; none by default."""
+        return tf.nest.map_structure(lambda _: False, state)
+
     def compress(self, x: tf.Tensor, state, key) -> tuple[Any, Any]:
         raise NotImplementedError
 

@@ -7,6 +7,7 @@ docs/architecture.md says which module of this package owns the rest.
 from __future__ import annotations
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tfgc import _keras_compat, communicators
@@ -169,7 +170,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         self._saver = replica_state.Saver(
             self._strategy,
             lambda: self.variables,
-            self._reset_replica_state,
+            self._regroup_replica_state,
             self.name,
         )
         # tf.train.Checkpoint saves one replica's value of each variable;
@@ -332,10 +333,18 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         if not self._saver.load(store):
             super().load_own_variables(store)
 
-    def _reset_replica_state(self):
-        """Every replica's compressor state back to its initial value."""
-        planning.reset(self._plans)
-        self._counters.reset()
+    def _regroup_replica_state(self, stacked: list, replicas: int) -> list:
+        """The per-replica variables' saved rows (`stacked`, in the saver's
+        order, from another number of replicas) for `replicas` replicas:
+        the compressor state by `planning.regroup`, the rest (counters,
+        SBC's round start, the same on every replica) the first row's."""
+        variables = self._saver.per_replica_variables()
+        rows = {id(v): s for v, s in zip(variables, stacked)}
+        new = planning.regroup(self._plans, rows, replicas)
+        return [
+            new.get(id(v), np.repeat(s[:1], replicas, axis=0))
+            for v, s in zip(variables, stacked)
+        ]
 
     @property
     def learning_rate(self):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tfgc import compressors as compressors_lib
@@ -230,13 +231,44 @@ def plans_of(
     return present, [plans[index_of(trainable_variables[i])] for i in present]
 
 
-def reset(plans: list[Plan]) -> None:
-    """Every plan's compressor state back to its initial value, and its
-    accumulator to zero."""
+def regroup(plans: list[Plan], rows: dict, replicas: int) -> dict:
+    """The plans' per-replica state for `replicas` replicas, from the rows
+    of a run with another number (`rows`: id of a state variable or
+    accumulator -> its saved values, [saved replicas, ...]).
+
+    What sums over workers (`Compressor.worker_sums`: residuals,
+    accumulated momenta; and the accumulators) is divided evenly: every
+    new replica gets the old sum / `replicas`, so the sum is kept (up to
+    one rounding). Every other leaf gets its initial value, which is the
+    same on every worker (low-rank factors, step counts).
+
+    Returns:
+        id of each variable -> its new rows, [replicas, ...].
+    """
+    out = {}
     for plan in plans:
-        plan.assign_state(plan.state_structure)
+        sums = tf.nest.flatten(
+            plan.compressor.worker_sums(plan.state_structure)
+        )
+        initial = tf.nest.flatten(plan.state_structure)
+        for variable, is_sum, value in zip(plan.state_variables, sums, initial):
+            out[id(variable)] = (
+                _even_share(rows[id(variable)], replicas)
+                if is_sum
+                else np.repeat(np.asarray(value)[None], replicas, axis=0)
+            )
         if plan.accumulator is not None:
-            plan.accumulator.assign(tf.zeros_like(plan.accumulator))
+            out[id(plan.accumulator)] = _even_share(
+                rows[id(plan.accumulator)], replicas
+            )
+    return out
+
+
+def _even_share(rows: np.ndarray, replicas: int) -> np.ndarray:
+    """The sum of `rows` over its first axis, divided evenly among
+    `replicas` rows (summed in float64, rounded once)."""
+    share = rows.astype(np.float64).sum(axis=0) / replicas
+    return np.repeat(share.astype(rows.dtype)[None], replicas, axis=0)
 
 
 def _state_names(structure, prefix: str = "") -> list[str]:

@@ -139,14 +139,16 @@ class Saver:
     Args:
         strategy: the distribution strategy the variables live in.
         variables: returns the optimizer's variables, in saving order.
-        reset: puts the compressor state back to its initial value.
+        regroup: `regroup(stacked, replicas)`: the per-replica variables'
+            rows saved with another number of replicas (a list in
+            `per_replica_variables` order), for `replicas` replicas.
         name: the optimizer's name, for messages.
     """
 
-    def __init__(self, strategy, variables, reset, name: str):
+    def __init__(self, strategy, variables, regroup, name: str):
         self._strategy = strategy
         self._variables = variables
-        self._reset = reset
+        self._regroup = regroup
         self._name = name
 
     def per_replica_variables(self) -> list:
@@ -202,27 +204,24 @@ class Saver:
 
     def restore(self, saved: int, stacked) -> None:
         """Row r of each of `stacked` (saved with `saved` replicas) to
-        replica r. Saved with another number of replicas, the state cannot
-        be divided among the new ones: the first row goes to all (the
-        values every replica shares survive: the inner optimizer's slots,
-        SBC's round start), then the compressor state is reset to its
-        initial value (residuals and accumulators to zero, so what was not
-        yet sent is dropped, as at the start of training), with a
-        warning."""
+        replica r. Saved with another number of replicas, the rows are
+        regrouped first (`regroup`: what sums over workers, such as the
+        error-feedback residuals, divided evenly among the new replicas,
+        so nothing that was not yet sent is lost; the other compressor
+        state from its initial value), with a warning."""
         replicas = self._strategy.num_replicas_in_sync
         if saved != replicas:
-            stacked = [np.repeat(s[:1], replicas, axis=0) for s in stacked]
+            stacked = self._regroup(stacked, replicas)
         scatter(self._strategy, self.per_replica_variables(), stacked)
         if saved == replicas:
             return
-        self._reset()
         warnings.warn(
             f"The optimizer {self._name!r} was saved with {saved} replicas "
-            f"and is loaded with {replicas}: each replica's compressor "
-            "state (error-feedback residuals, momenta, low-rank factors, "
-            "accumulated gradients) cannot be divided among a different "
-            "number of replicas, so it starts afresh, as at the start of "
-            "training. Weights, the inner optimizer's state and the step "
-            "are restored.",
+            f"and is loaded with {replicas}: what the workers had not yet "
+            "sent (error-feedback residuals, accumulated momenta and "
+            "gradients) is divided evenly among the new replicas, so its "
+            "sum is kept; low-rank factors and the rest of the compressor "
+            "state start afresh, the same on every worker. Weights, the "
+            "inner optimizer's state and the step are restored.",
             stacklevel=4,
         )

@@ -64,7 +64,3 @@ class Counters(NamedTuple):
             "run_mean_bytes": float(run_mean),
             "run_compression_ratio": dense_bytes / max(run_mean, 1e-9),
         }
-
-    def reset(self) -> None:
-        for counter in (*self.last, *self[1:]):
-            counter.assign(tf.zeros_like(counter))
