@@ -88,13 +88,42 @@ def test_acpsgd_and_powersgd_warm_up_dense(cls):
 
 
 def test_buckets_hold_about_bucket_bytes_from_the_last_tensor():
-    tensors = [tf.zeros([n]) for n in (100, 300, 50, 200, 10)]
-    c = compressors.ACPSGD(bucket_bytes=1000)
-    groups = exchange.buckets([c] * 5, tensors)
+    """Dense tensors count whole, the compressed one by its factor."""
+    tensors = [tf.zeros([n]) for n in (100, 300, 50, 200)] + [
+        tf.zeros([10, 10])
+    ]
+    p, _ = compressors.ACPSGD(rank=2, bucket_bytes=1000).phases()
+    dense = [compressors.Identity()] * 4
+    # 80 (P: 10 x 2 floats) + 800, then 200, 1200 and 400 bytes.
+    groups = exchange.buckets([*dense, p], tensors)
     assert groups == [[4, 3], [2], [1], [0]]
-    assert exchange.buckets([compressors.Identity()] * 5, tensors) == [
+    assert exchange.buckets([*dense, compressors.Identity()], tensors) == [
         [0, 1, 2, 3, 4]
     ]
+
+
+def test_p_and_q_steps_have_buckets_of_their_own():
+    """As the authors fuse: buckets count the factor each step sends (rows
+    r on P steps, cols r on Q steps, float32), and the step's buckets are
+    the finest in which both phases' buckets lie whole."""
+    shapes = [(100, 4), (4, 100), (100, 4), (4, 100)]
+    tensors = [tf.zeros(s) for s in shapes]
+    p, q = compressors.ACPSGD(rank=2, bucket_bytes=900).phases()
+    # P factors: 800, 32, 800, 32 bytes; Q factors: 32, 800, 32, 800.
+    assert exchange.buckets([p] * 4, tensors) == [[3, 2, 1], [0]]
+    assert exchange.buckets([q] * 4, tensors) == [[3, 2], [1, 0]]
+    assert exchange.phase_buckets([[p] * 4, [q] * 4], tensors) == [[3, 2, 1, 0]]
+    # Phases that agree keep their buckets.
+    assert exchange.phase_buckets([[p] * 4, [p] * 4], tensors) == [
+        [3, 2, 1],
+        [0],
+    ]
+
+
+def test_every_matrix_is_compressed_as_the_authors_do():
+    acp = compressors.ACPSGD(rank=4)
+    assert acp.should_compress((2, 3)) and acp.should_compress((64, 3, 3, 3))
+    assert not acp.should_compress((100,))
 
 
 @pytest.mark.parametrize(

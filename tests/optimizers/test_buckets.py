@@ -63,7 +63,8 @@ def test_buckets_fill_from_the_last_tensor_backwards():
 
 def test_a_compressors_own_bucket_size_wins():
     acp = compressors.ACPSGD(rank=2, bucket_bytes=1000)
-    tensors = _tensors(100, 300, 50, 200)
+    # Columns: their P factors (rank 1) have their bytes.
+    tensors = [tf.zeros([n, 1]) for n in (100, 300, 50, 200)]
     assert exchange.buckets([acp] * 4, tensors, None) == [[3, 2], [1], [0]]
     assert exchange.buckets([acp] * 4, tensors, 10**9) == [[3, 2], [1], [0]]
 
@@ -146,6 +147,22 @@ def test_buckets_leave_every_compressors_sums_as_they_were(mirrored, name):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=ROUNDING[name])
         else:
             np.testing.assert_array_equal(a, b)
+
+
+def test_acpsgds_own_p_and_q_buckets_leave_the_sums_as_they_were(mirrored):
+    """ACP-SGD fused as its authors fuse (buckets of 100 bytes of the
+    factors each step sends, P and Q steps apart): the weights of one
+    exchange, within float rounding on four replicas."""
+    one, one_counts = train(
+        mirrored, lambda: compressors.ACPSGD(rank=2, bucket_bytes=None), None
+    )
+    many, many_counts = train(
+        mirrored, lambda: compressors.ACPSGD(rank=2, bucket_bytes=100), None
+    )
+    assert set(one_counts) == {1}
+    assert max(many_counts) > 1
+    for a, b in zip(one, many):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 def test_buckets_are_bit_identical_on_two_replicas():

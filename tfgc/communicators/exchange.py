@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tfgc import ops
@@ -47,18 +48,25 @@ def buckets(
     """Tensor indices grouped into exchange buckets.
 
     Buckets of about `bucket_bytes` uncompressed bytes, or of a
-    compressor's own `spec.bucket_bytes` where one asks for it (ACP-SGD),
-    filled from the last tensor backwards (a backward pass produces the
-    last layers' gradients first), each exchanged with its own
-    collectives. With neither, one bucket of all.
+    compressor's own `spec.bucket_bytes` where one asks for it (ACP-SGD:
+    bytes of what each tensor sends, `spec.buckets_by_payload`), filled
+    from the last tensor backwards (a backward pass produces the last
+    layers' gradients first), each exchanged with its own collectives.
+    With neither, one bucket of all.
     """
-    limits = [c.spec.bucket_bytes for c in compressors if c.spec.bucket_bytes]
-    limit = max(limits) if limits else bucket_bytes
+    own = [c.spec for c in compressors if c.spec.bucket_bytes]
+    limit = max(s.bucket_bytes for s in own) if own else bucket_bytes
     if not limit:
         return [list(range(len(tensors)))]
+    by_payload = any(s.buckets_by_payload for s in own)
     groups, current, size = [], [], 0
     for i in reversed(range(len(tensors))):
-        nbytes = tensors[i].shape.num_elements() * tensors[i].dtype.size
+        shape, dtype = tensors[i].shape, tensors[i].dtype
+        nbytes = (
+            compressors[i].payload_bytes(shape, dtype)
+            if by_payload
+            else shape.num_elements() * dtype.size
+        )
         if current and size + nbytes > limit:
             groups.append(current)
             current, size = [], 0
@@ -66,6 +74,30 @@ def buckets(
         size += nbytes
     groups.append(current)
     return groups
+
+
+def phase_buckets(
+    phases: Sequence[Sequence[Compressor]],
+    tensors: Sequence[tf.Tensor],
+    bucket_bytes: int | None = None,
+) -> list[list[int]]:
+    """The buckets of a step whose compressors change by phase
+    (`phases[j]`: each tensor's compressor in phase j): the finest
+    grouping in which every phase's `buckets` lie whole, so that a
+    bucket's exchange can pick its phase and still send each phase's
+    own buckets (ACP-SGD's P and Q factors fused apart)."""
+    # Where each phase starts a new bucket, counted from the last tensor.
+    cuts = None
+    for compressors in phases:
+        groups = buckets(compressors, tensors, bucket_bytes)
+        ends = set(np.cumsum([len(g) for g in groups]).tolist())
+        cuts = ends if cuts is None else cuts & ends
+    order = list(reversed(range(len(tensors))))
+    out, start = [], 0
+    for end in sorted(cuts):
+        out.append(order[start:end])
+        start = end
+    return out
 
 
 def _compress_batches(

@@ -11,7 +11,6 @@ from tfgc.compressors.powersgd import (
     FactorPayload,
     compute_dtype,
     effective_rank,
-    low_rank_worthwhile,
     matrix_shape,
     warm_start,
 )
@@ -19,7 +18,9 @@ from tfgc.core.compressor import Compressor, Spec
 from tfgc.core.wire import ALL_REDUCE
 
 FACTORS = ("p", "q")
-DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+#: Bytes of the factors (and dense tensors) each step sends per bucket:
+#: the authors' tensor-fusion threshold of 5 MB.
+DEFAULT_BUCKET_BYTES = 5 * 1024 * 1024
 
 
 class ACPState(NamedTuple):
@@ -63,10 +64,13 @@ class ACPSGD(Compressor):
     missed stays in it. Both factors start from the same seeded normal draw
     on every worker; an all-reduced factor that is not finite or is zero
     is replaced by a fresh draw from the step's key, as PowerSGD's Q
-    (`powersgd.warm_start`). Tensors with fewer than two dimensions, or
-    where the factors would not be smaller than the matrix, go dense in the
-    same buckets. The optimizer exchanges ACP-SGD's tensors in buckets of
-    about `bucket_bytes` of gradient, each its own all-reduce.
+    (`powersgd.warm_start`). Every tensor of two or more dimensions is
+    compressed (as the authors do; the optimizer's `min_compress_size`
+    still sends small ones dense); 1-D tensors go dense in the same
+    buckets. As the authors fuse tensors, a bucket holds about
+    `bucket_bytes` of what its tensors send in the step: P factors on P
+    steps, Q factors on Q steps, dense tensors whole, so the P and Q steps
+    have buckets of their own, each its own all-reduce.
 
     Bytes on the wire per worker: rows * r * itemsize on P steps, cols * r
     * itemsize on Q steps (fp32 for 16-bit gradients).
@@ -74,8 +78,9 @@ class ACPSGD(Compressor):
     Args:
         rank: the rank r of the approximation.
         warmup_steps: steps at the start that send every tensor dense.
-        bucket_bytes: gradient bytes per exchange bucket (25 MiB, as the
-            paper's system); None puts everything in one.
+        bucket_bytes: bytes sent per exchange bucket (factors and dense
+            tensors; 5 MiB, the authors' threshold); None puts everything
+            in one.
         factor: the factor of the first compressed step, "p" or "q"
             (`phases()` gives both, in turn).
     """
@@ -109,14 +114,16 @@ class ACPSGD(Compressor):
             collectives=(ALL_REDUCE,),
             warmup_steps=self.warmup_steps,
             bucket_bytes=self.bucket_bytes,
+            buckets_by_payload=True,
         )
 
     def _rank(self, shape):
         return effective_rank(shape, self.rank)
 
     def should_compress(self, shape, dtype="float32", network=None):
+        # Every matrix, as the authors: r = min(rank, rows, cols).
         del dtype, network
-        return low_rank_worthwhile(shape, self.rank)
+        return len(shape) >= 2
 
     def phases(self):
         config = self.get_config()

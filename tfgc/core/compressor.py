@@ -127,6 +127,10 @@ class Spec(NamedTuple):
             about this many bytes of uncompressed gradient, each with its
             own collectives, so one bucket can be on the wire while the
             next is compressed (None: all in one).
+        buckets_by_payload: `bucket_bytes` counts what each tensor sends
+            in its step (`payload_bytes` of the step's phase), not its
+            gradient's bytes, so each phase has buckets of its own (ACP-SGD's
+            P and Q factors, as its authors fuse them).
     """
 
     collectives: tuple[str, ...] = (ALL_GATHER,)
@@ -138,6 +142,7 @@ class Spec(NamedTuple):
     compresses_updates: bool = False
     delay: int = 1
     bucket_bytes: int | None = None
+    buckets_by_payload: bool = False
 
     @property
     def rounds(self) -> int:

@@ -164,8 +164,12 @@ def exchange_in_buckets(
     if not present:
         return Exchanged(out, no_traffic(), None, [], [], [], [])
     step = tf.cast(step, tf.int64)
-    groups = communicator_exchange.buckets(
-        [plan.compressor for plan in plans],
+    num_phases = max(len(plan.phases) for plan in plans)
+    groups = communicator_exchange.phase_buckets(
+        [
+            [p.phases[j % len(p.phases)] for p in plans]
+            for j in range(num_phases)
+        ],
         [tensors[i] for i in present],
         bucket_bytes,
     )
