@@ -23,6 +23,9 @@ ALL = {
     "redsync_trimmed": compressors.RedSync(
         density=0.1, selection="trimmed", cost_model=None
     ),
+    "redsync_clipped": compressors.RedSync(
+        density=0.1, cost_model=None, clipnorm=0.5
+    ),
     "sbc": compressors.SBC(density=0.1),
     "sbc_unbinarized": compressors.SBC(density=0.1, binarize=False),
     "importance": compressors.ImportancePruning(density=0.1),
@@ -30,7 +33,7 @@ ALL = {
     "acpsgd_q": compressors.ACPSGD(rank=2, factor="q"),
 }
 # Compressors that keep their own residual: no ErrorFeedback around them.
-OWN_RESIDUAL = {"redsync", "redsync_trimmed"}
+OWN_RESIDUAL = {"redsync", "redsync_trimmed", "redsync_clipped"}
 SHAPES = [(37,), (64, 33), (8, 3, 3, 4)]
 DTYPES = [tf.float32, tf.float16, tf.bfloat16]
 

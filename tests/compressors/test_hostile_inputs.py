@@ -389,6 +389,8 @@ ARGUMENTS = [
     (compressors.RedSync, "rounds"),
     (compressors.RedSync, "warmup_steps"),
     (compressors.RedSync, "cost_model"),
+    (compressors.RedSync, "density_warmup_steps"),
+    (compressors.RedSync, "clipnorm"),
     (functools.partial(compressors.CostModel, 1e-4, 1e9), "select_time"),
     (functools.partial(compressors.CostModel, 1e-4, 1e9), "scatter_time"),
     (functools.partial(compressors.CostModel, bandwidth=1e9), "latency"),

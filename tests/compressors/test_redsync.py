@@ -1,7 +1,8 @@
 """RedSync in one process: momentum correction, threshold selection, its
-dense and warm-up paths, the cost model that decides per tensor, bad
-arguments and the inner optimizers it refuses. Against numpy on real
-workers: tests/multiworker/test_paper_algorithms.py.
+dense and warm-up paths, DGC's local gradient clipping and density
+warm-up, the cost model that decides per tensor, bad arguments and the
+inner optimizers it refuses. Against numpy on real workers:
+tests/multiworker/test_paper_algorithms.py.
 """
 
 import keras
@@ -11,9 +12,12 @@ import tensorflow as tf
 
 import tfgc
 from custom_ops.cuda_harness.numpy_oracle import np_select
-from tests.compressors.common import heavy_tailed, shared_key
+from tests.compressors.common import heavy_tailed, replica_copies, shared_key
+from tests.conftest import NUM_LOGICAL_CPUS
 from tfgc import compressors
-from tfgc.core.compressor import Network
+from tfgc.compressors import base
+from tfgc.core.compressor import Network, StepInfo
+from tfgc.optimizers import planning
 
 
 def _redsync_step(c, g, state, step=0):
@@ -176,7 +180,17 @@ def test_cost_model_decides_from_the_network_and_the_peers():
         ({"selection": "exact"}, "`selection`"),
         ({"rounds": 0}, "`rounds`"),
         ({"warmup_steps": -1}, "`warmup_steps`"),
+        ({"warmup_steps": 2**63}, r"`warmup_steps` must be .*\[0, 2\*\*62\]"),
         ({"cost_model": "fast"}, "`cost_model`"),
+        ({"density_warmup_steps": -1}, "`density_warmup_steps`"),
+        ({"density_warmup_steps": 1.5}, "density_warmup_steps=1.5"),
+        ({"density_warmup_steps": "8"}, "density_warmup_steps='8'"),
+        ({"density_warmup_steps": 2**63}, "`density_warmup_steps`"),
+        ({"clipnorm": 0}, r"`clipnorm` must be None .* > 0"),
+        ({"clipnorm": -1.0}, "clipnorm=-1.0"),
+        ({"clipnorm": float("inf")}, "clipnorm=inf"),
+        ({"clipnorm": "5"}, "clipnorm='5'"),
+        ({"clipnorm": True}, "clipnorm=True"),
     ],
 )
 def test_redsync_bad_arguments(kwargs, match):
@@ -206,12 +220,23 @@ def test_redsync_config_round_trip_keeps_cost_model():
         rounds=12,
         warmup_steps=5,
         cost_model=compressors.CostModel(latency=2e-3, bandwidth=1e9),
+        density_warmup_steps=40,
+        clipnorm=2.5,
     )
     restored = keras.saving.deserialize_keras_object(
         keras.saving.serialize_keras_object(c)
     )
     assert restored == c
     assert restored.cost_model == c.cost_model
+    assert restored.density_warmup_steps == 40 and restored.clipnorm == 2.5
+    assert restored != compressors.RedSync(
+        **{**c.get_config(), "clipnorm": None}
+    )
+    # A config saved before these arguments existed: DGC's fixes off.
+    new = ("density_warmup_steps", "clipnorm")
+    old = {k: v for k, v in c.get_config().items() if k not in new}
+    older = compressors.RedSync.from_config(old)
+    assert older.density_warmup_steps == 0 and older.clipnorm is None
 
 
 @pytest.mark.parametrize(
@@ -261,3 +286,252 @@ def test_probe_needs_eager_build(mirrored):
     with pytest.raises(ValueError, match="outside tf.function"):
         with mirrored.scope():
             build()
+
+
+# --- DGC's training fixes: local gradient clipping, density warm-up ---------
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16])
+def test_local_clipping_scales_to_clipnorm_over_sqrt_workers(dtype):
+    """g = (3, 4, 0, 0), |g| = 5. clipnorm 2 over 4 workers: threshold
+    2 / sqrt(4) = 1, g becomes (0.6, 0.8, 0, 0) before it enters U; over
+    one worker 2: (1.2, 1.6, 0, 0). Below the threshold g passes bit for
+    bit. The dense and warm-up paths clip the same."""
+    c = compressors.RedSync(
+        density=0.25,
+        momentum=0.5,
+        selection="trimmed",
+        cost_model=None,
+        clipnorm=2.0,
+    )
+    assert c.spec.reads_step_info
+    assert not compressors.RedSync(cost_model=None).spec.reads_step_info
+    tol = {"rtol": 1e-3 if dtype == tf.float16 else 1e-6}
+    g = tf.constant([3, 4, 0, 0], dtype)
+    state = c.init_state((4,), dtype, shared_key(0, -1))
+
+    def sent(info, x=g):
+        payload, ctx = c.compress(x, state, shared_key(0, 0), info)
+        return payload, ctx.state
+
+    payload, new_state = sent(StepInfo(g, 0, 4))
+    np.testing.assert_array_equal(payload.indices.numpy(), [1])
+    np.testing.assert_allclose(payload.values.numpy(), [0.8], **tol)
+    np.testing.assert_allclose(
+        new_state.momentum.numpy(), [0.6, 0, 0, 0], **tol
+    )
+    np.testing.assert_allclose(
+        new_state.accumulation.numpy(), [0.6, 0, 0, 0], **tol
+    )
+    payload, _ = sent(StepInfo(g, 0, 1))
+    np.testing.assert_allclose(payload.values.numpy(), [1.6], **tol)
+    small = tf.constant([0.3, 0.4, 0, 0], dtype)  # |g| = 0.5 < 1
+    payload, new_state = sent(StepInfo(small, 0, 4), small)
+    assert payload.values.numpy()[0] == small.numpy()[1]
+    np.testing.assert_array_equal(
+        new_state.momentum.numpy(), [small.numpy()[0], 0, 0, 0]
+    )
+
+    dense = c.dense_compressor()
+    assert isinstance(dense, compressors.redsync.MomentumDense)
+    assert dense.spec.reads_step_info
+    payload, _ = dense.compress(
+        g, dense.init_state((4,), dtype, None), None, StepInfo(g, 0, 4)
+    )
+    np.testing.assert_allclose(payload.values.numpy(), [0.6, 0.8, 0, 0], **tol)
+    warm = c.warmup_compressor()
+    assert warm.spec.reads_step_info
+    payload, _ = warm.compress(g, state, None, StepInfo(g, 0, 4))
+    np.testing.assert_allclose(payload.values.numpy(), [0.6, 0.8, 0, 0], **tol)
+    # Without momentum the dense path still clips (not a bare Identity).
+    plain = compressors.RedSync(momentum=0.0, clipnorm=1.0).dense_compressor()
+    assert isinstance(plain, compressors.redsync.MomentumDense)
+
+
+def test_clipping_without_the_number_of_workers_names_the_fix():
+    c = compressors.RedSync(density=0.5, cost_model=None, clipnorm=1.0)
+    g = tf.constant([3.0, 4.0])
+    state = c.init_state((2,), tf.float32, None)
+    with pytest.raises(ValueError, match=r"clipnorm=1\.0.*CompressedOptimizer"):
+        c.compress(g, state, shared_key(0, 0))
+
+
+def test_local_clipping_on_replicas_uses_their_number(mirrored):
+    """Through the optimizer on 4 replicas, each clips its own gradient to
+    clipnorm / sqrt(4) before the sum, on the sparse path (a kernel, all
+    entries sent at density 1) and the dense path (a bias below
+    `min_compress_size`); SGD(1) applies the sum of the clipped
+    gradients, identically on every replica."""
+    p = NUM_LOGICAL_CPUS
+    clipnorm = 3.0
+    threshold = clipnorm / np.sqrt(p)
+    shapes = [(4, 8), (8,)]
+    with mirrored.scope():
+        variables = [keras.Variable(np.zeros(s, "float32")) for s in shapes]
+        opt = tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(1.0),
+            compressors.RedSync(
+                density=1.0,
+                momentum=0.0,
+                selection="trimmed",
+                cost_model=None,
+                clipnorm=clipnorm,
+            ),
+            min_compress_size=16,
+        )
+        opt.build(variables)
+    assert [type(plan.phases[0]).__name__ for plan in opt._plans] == [
+        "RedSync",
+        "MomentumDense",
+    ]
+
+    def grads(r):
+        # Norms 0.5, 1, 3 and 10: below and above the threshold, 1.5.
+        norm = (0.5, 1.0, 3.0, 10.0)[r % 4]
+        out = []
+        for i, s in enumerate(shapes):
+            g = heavy_tailed(s, 10 * r + i).astype("float64")
+            out.append((norm * g / np.linalg.norm(g)).astype("float32"))
+        return out
+
+    @tf.function
+    def step():
+        def replica_fn():
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            gs = [
+                tf.switch_case(
+                    r,
+                    [
+                        lambda i=i, j=j: tf.constant(grads(i)[j])
+                        for i in range(p)
+                    ],
+                )
+                for j in range(len(shapes))
+            ]
+            opt.apply(gs, variables)
+
+        mirrored.run(replica_fn)
+
+    step()
+    for j, v in enumerate(variables):
+        expected = np.zeros(shapes[j], "float32")
+        norms = []
+        for r in range(p):
+            g = grads(r)[j].astype("float64")
+            norm = np.linalg.norm(g)
+            norms.append(norm)
+            expected -= g * threshold / max(norm, threshold)
+        assert min(norms) < threshold < max(norms)  # both cases
+        copies = replica_copies(v)
+        assert len(copies) == p
+        for copy in copies:
+            np.testing.assert_array_equal(copy, copies[0])
+        np.testing.assert_allclose(copies[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_density_warmup_schedule():
+    """DGC's warm-up at 0.1 %: after 3 dense steps, 25 %, 6.25 %, 1.5625 %,
+    0.39 % for 10 steps each (40 steps, 4 stages), then 0.1 %; the graph
+    sends the stage's k at the key's step."""
+    c = compressors.RedSync(
+        density=0.001,
+        selection="trimmed",
+        warmup_steps=3,
+        density_warmup_steps=40,
+        cost_model=None,
+    )
+    assert c.warmup_densities() == (0.25, 0.0625, 0.015625, 0.00390625)
+    expected = (
+        [1.0] * 3
+        + [0.25] * 10
+        + [0.0625] * 10
+        + [0.015625] * 10
+        + [0.00390625] * 10
+        + [0.001] * 3
+    )
+    assert [c.density_at(s) for s in range(46)] == expected
+    assert c.density_at(10**9) == 0.001
+    # The optimizer's key carries the step RedSync reads.
+    assert int(planning.key(12345, 17)[1]) == 17
+    n = 10_000
+    x = tf.constant(heavy_tailed((n,), 3))
+    state = c.init_state((n,), tf.float32, None)
+    for step in (3, 12, 13, 22, 23, 42, 43, 1000):
+        payload, _ = c.compress(x, state, shared_key(0, step))
+        k = base.num_selected(n, c.density_at(step))
+        assert payload.indices.shape[0] == k, step
+    # Trimmed selection sends k of the stage: unequal across steps, so
+    # the gather carries sizes, and XLA is refused with the reason.
+    assert c.spec.collectives == (compressors.ALL_GATHER_RAGGED,)
+    assert "density_warmup_steps" in c.xla_unsupported()
+    # Threshold selection lands in (k, 2k) of the stage.
+    t = compressors.RedSync(
+        density=0.001, density_warmup_steps=8, cost_model=None
+    )
+    payload, _ = t.compress(x, state, shared_key(0, 2))  # 6.25 %
+    assert 625 < payload.indices.shape[0] < 1250
+    # The number of stages follows the final density; from 25 % up, none.
+    assert compressors.RedSync(density=0.01).warmup_densities() == (
+        0.25,
+        0.0625,
+        0.015625,
+    )
+    flat = compressors.RedSync(
+        density=0.25, selection="trimmed", density_warmup_steps=8
+    )
+    assert flat.warmup_densities() == () and flat.density_at(0) == 0.25
+    assert flat.spec.collectives == (compressors.ALL_GATHER,)
+    assert flat.xla_unsupported() is None
+
+
+def test_density_warmup_same_k_and_weights_on_every_worker(mirrored):
+    """4 replicas with different gradients: at every step each sends the
+    k of `density_at(step)` (dense in the first step, then 25 % down to
+    0.1 % of 4,096 entries) with the same gather overhead, and the
+    weights stay bit-identical across replicas."""
+    p = NUM_LOGICAL_CPUS
+    c = compressors.RedSync(
+        density=0.001,
+        selection="trimmed",
+        warmup_steps=1,
+        density_warmup_steps=8,
+        cost_model=None,
+    )
+    with mirrored.scope():
+        w = keras.Variable(np.zeros((64, 64), "float32"))
+        opt = tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.1), c, min_compress_size=0
+        )
+        opt.build([w])
+
+    @tf.function
+    def step():
+        def replica_fn():
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            g = tf.switch_case(
+                r,
+                [
+                    lambda i=i: tf.constant(heavy_tailed((64, 64), 50 + i))
+                    for i in range(p)
+                ],
+            )
+            opt.apply([g], [w])
+
+        mirrored.run(replica_fn)
+
+    counts = []
+    for s in range(11):
+        step()
+        density = c.density_at(s)
+        expected = (
+            4096 * 4 if density == 1.0 else base.num_selected(4096, density) * 8
+        )
+        sent = [int(b) for b in replica_copies(opt._counters.last.sent)]
+        padding = [int(b) for b in replica_copies(opt._counters.last.overhead)]
+        assert sent == [expected] * p, (s, sent)
+        assert len(set(padding)) == 1, (s, padding)  # the same gather
+        copies = replica_copies(w)
+        for copy in copies[1:]:
+            np.testing.assert_array_equal(copy, copies[0])
+        counts.append(None if density == 1.0 else expected // 8)
+    assert counts == [None, 1024, 1024, 256, 256, 64, 64, 16, 16, 5, 5]

@@ -1,7 +1,10 @@
-"""RedSync: residual gradient compression with momentum correction."""
+"""RedSync: residual gradient compression with momentum correction, and
+the training fixes of Deep Gradient Compression it builds on (local
+gradient clipping, warm-up with an exponentially decreasing density)."""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -10,12 +13,23 @@ from tfgc import _arguments, ops
 from tfgc.compressors import _sparse, base
 from tfgc.compressors.dense import DenseContext, DensePayload, Identity
 from tfgc.compressors.topk import SparsePayload
-from tfgc.core.compressor import Network, Spec, TensorContext
+from tfgc.core.compressor import Network, Spec, StepInfo, TensorContext
 from tfgc.core.cost_model import CostModel
-from tfgc.core.wire import ALL_GATHER, ALL_GATHER_RAGGED, num_elements
+from tfgc.core.wire import (
+    ALL_GATHER,
+    ALL_GATHER_RAGGED,
+    ALL_REDUCE,
+    num_elements,
+)
 
 SELECTIONS = ("threshold", "trimmed")
 PROBE = "probe"
+#: Each stage of the density warm-up sends this many times fewer entries
+#: than the one before (DGC: 25 %, 6.25 %, 1.5625 %, 0.4 %, then 0.1 %).
+RAMP_FACTOR = 4
+#: The most steps `warmup_steps` and `density_warmup_steps` may count:
+#: the step arithmetic runs in int64.
+MAX_STEPS = 2**62
 
 
 class RedSyncState(NamedTuple):
@@ -30,6 +44,72 @@ class MomentumState(NamedTuple):
 def _momentum_step(momentum: float, u: tf.Tensor, g: tf.Tensor) -> tf.Tensor:
     """U = m U + g, in the gradient's dtype."""
     return momentum * tf.cast(u, g.dtype) + g
+
+
+def local_clip_threshold(clipnorm: float, num_peers: int) -> float:
+    """DGC's local threshold: clipnorm / sqrt(N) for N workers whose
+    gradients are summed (each worker's share of the global threshold if
+    all N had identically distributed gradients)."""
+    return clipnorm / math.sqrt(num_peers)
+
+
+def _clipped(
+    owner: str, clipnorm: float | None, g: tf.Tensor, info: StepInfo | None
+) -> tf.Tensor:
+    """g scaled to an L2 norm of at most clipnorm / sqrt(N) (N:
+    `info.num_peers`), as `tf.clip_by_norm` does: g t / max(|g|, t). The
+    norm is taken in float32 (a float16 sum of squares overflows); below
+    the threshold g is returned bit for bit."""
+    if clipnorm is None:
+        return g
+    if info is None:
+        raise ValueError(
+            f"{owner}(clipnorm={clipnorm!r}) clips each worker's gradient "
+            "to clipnorm / sqrt(number of workers) and needs that number; "
+            "use it through tfgc.CompressedOptimizer, which passes it, or "
+            "pass a tfgc.core.compressor.StepInfo."
+        )
+    threshold = local_clip_threshold(clipnorm, info.num_peers)
+    norm = tf.norm(tf.reshape(tf.cast(g, tf.float32), [-1]))
+    scale = threshold / tf.maximum(norm, threshold)
+    return g * tf.cast(scale, g.dtype)
+
+
+def warmup_densities(density: float) -> tuple[float, ...]:
+    """The densities of the density warm-up's stages for a final
+    `density`: 1/4, 1/16, 1/64, ... while above `density` (DGC's
+    exponential warm-up; none for a density of 1/4 or more)."""
+    stages = []
+    stage = 1.0 / RAMP_FACTOR
+    while stage > density:
+        stages.append(stage)
+        stage /= RAMP_FACTOR
+    return tuple(stages)
+
+
+def _check_steps(name: str, value) -> int:
+    steps = base.check_positive_int(name, value, minimum=0)
+    if steps > MAX_STEPS:
+        raise ValueError(
+            f"`{name}` must be an integer in [0, 2**62]. Received: "
+            f"{name}={value!r}"
+        )
+    return steps
+
+
+def _check_clipnorm(clipnorm) -> float | None:
+    if clipnorm is None:
+        return None
+    requirement = (
+        "None (no clipping) or a number > 0, the threshold of the global "
+        "gradient clipping it replaces"
+    )
+    value = _arguments.check_number("clipnorm", clipnorm, requirement)
+    if value <= 0:
+        raise ValueError(
+            f"`clipnorm` must be {requirement}. Received: clipnorm={clipnorm!r}"
+        )
+    return value
 
 
 @base.register
@@ -65,10 +145,30 @@ class RedSync(base.DensityCompressor):
     (U + V all-reduced, V emptied). With every tensor dense, RedSync is
     exactly momentum SGD.
 
+    Deep Gradient Compression's training fixes (Lin et al., ICLR 2018,
+    arXiv 1712.01887), which RedSync builds on, besides the momentum
+    correction and masking above:
+    * Local gradient clipping (`clipnorm`): each worker scales its gradient
+      to an L2 norm of at most clipnorm / sqrt(N), N the number of workers
+      that exchange it, before it enters U, on every path (sparse, dense,
+      warm-up). DGC clips the worker's whole gradient by its global norm;
+      a compressor sees one tensor, so tfgc clips each tensor by its own
+      norm, as DGC's and PaddlePaddle's code do. `clipnorm` replaces the
+      inner optimizer's clipping: give the inner SGD none.
+    * Warm-up with an exponentially decreasing density
+      (`density_warmup_steps`): after the dense steps, the density falls
+      by a factor of 4 per stage, 25 %, 6.25 %, 1.5625 %, 0.39 %, ... while
+      above `density`, in equal stages over `density_warmup_steps` steps,
+      then `density` (`density_at(step)`). The stage follows the step the
+      optimizer passes in the key (`tfgc.optimizers.planning.key`: [seed,
+      step]), which every worker shares, so all select the same k.
+
     Bytes on the wire per worker: below 2k (itemsize + 4) with threshold
     selection when a threshold is accepted (a lone huge outlier can make
     the bisection too coarse for that, and the payload several times k;
-    docs/algorithms.md), k (itemsize + 4) with trimmed.
+    docs/algorithms.md), k (itemsize + 4) with trimmed; during the density
+    warm-up, k of the stage's density (`payload_bytes` gives the final
+    one).
 
     Args:
         density: fraction of entries to send, in (0, 1] (k = ceil(density
@@ -82,6 +182,14 @@ class RedSync(base.DensityCompressor):
             `tfgc.compressors.CostModel` with given latency and bandwidth,
             or None to send every tensor sparse that the optimizer would
             compress.
+        density_warmup_steps: steps after the dense ones over which the
+            density falls from 25 % to `density` (0: none). DGC's are its
+            first 4 epochs, one stage each at 0.1 %: pass 4 x steps per
+            epoch. At other densities the stages (as many as stay above
+            `density`) share the steps equally.
+        clipnorm: the threshold of the gradient clipping this replaces
+            (the inner optimizer's `global_clipnorm`); each worker clips
+            each gradient tensor to clipnorm / sqrt(N). None: no clipping.
     """
 
     def __init__(
@@ -92,6 +200,8 @@ class RedSync(base.DensityCompressor):
         rounds: int = 20,
         warmup_steps: int = 0,
         cost_model: str | CostModel | dict | None = PROBE,
+        density_warmup_steps: int = 0,
+        clipnorm: float | None = None,
     ):
         super().__init__(density)
         m = _arguments.check_number("momentum", momentum, "a number in [0, 1)")
@@ -112,9 +222,11 @@ class RedSync(base.DensityCompressor):
             )
         self.momentum = m
         self.selection = selection
-        self.warmup_steps = base.check_positive_int(
-            "warmup_steps", warmup_steps, minimum=0
+        self.warmup_steps = _check_steps("warmup_steps", warmup_steps)
+        self.density_warmup_steps = _check_steps(
+            "density_warmup_steps", density_warmup_steps
         )
+        self.clipnorm = _check_clipnorm(clipnorm)
         if isinstance(cost_model, dict):
             cost_model = CostModel(**cost_model)
         if not (
@@ -129,13 +241,15 @@ class RedSync(base.DensityCompressor):
 
     @property
     def spec(self) -> Spec:
-        threshold = self.selection == "threshold"
+        # Threshold counts, and k during the density warm-up, vary.
+        ragged = self.selection == "threshold" or self._ramps()
         return Spec(
-            collectives=(ALL_GATHER_RAGGED if threshold else ALL_GATHER,),
+            collectives=(ALL_GATHER_RAGGED if ragged else ALL_GATHER,),
             has_error_feedback=True,
             local_momentum=self.momentum,
             warmup_steps=self.warmup_steps,
             wants_cost_probe=self.cost_model == PROBE,
+            reads_step_info=self.clipnorm is not None,
         )
 
     def xla_unsupported(self):
@@ -144,7 +258,51 @@ class RedSync(base.DensityCompressor):
                 "RedSync(selection='threshold') sends a number of entries "
                 "that depends on the data (selection='trimmed' compiles)"
             )
+        if self._ramps():
+            return (
+                "RedSync(density_warmup_steps > 0) sends a number of "
+                "entries that changes with the step during its density "
+                "warm-up (density_warmup_steps=0 compiles)"
+            )
         return None
+
+    # --- the density warm-up ------------------------------------------------
+
+    def _ramps(self) -> bool:
+        return bool(self.density_warmup_steps and self.warmup_densities())
+
+    def warmup_densities(self) -> tuple[float, ...]:
+        """The densities of the density warm-up's stages, in order."""
+        return warmup_densities(self.density)
+
+    def density_at(self, step: int) -> float:
+        """The density a tensor RedSync compresses is sent with at
+        optimizer step `step`: 1.0 in the dense warm-up, a stage's density
+        in the density warm-up, then `density`. The graph computes the
+        same k from the step (`_k`)."""
+        if step < self.warmup_steps:
+            return 1.0
+        stages = self.warmup_densities()
+        offset = step - self.warmup_steps
+        if not self._ramps() or offset >= self.density_warmup_steps:
+            return self.density
+        return stages[offset * len(stages) // self.density_warmup_steps]
+
+    def _k(self, shape, key) -> int | tf.Tensor:
+        """k at the key's step: a Python int outside the density warm-up,
+        else an int64 scalar looked up by the step (key[1])."""
+        k = self.num_selected(shape)
+        if not self._ramps():
+            return k
+        n = num_elements(shape)
+        stages = self.warmup_densities()
+        ks = [base.num_selected(n, d) for d in stages] + [k]
+        step = tf.cast(key[1], tf.int64)  # planning.key: [seed, step]
+        offset = tf.maximum(step - self.warmup_steps, 0)
+        stage = tf.minimum(
+            offset * len(stages) // self.density_warmup_steps, len(stages)
+        )
+        return tf.gather(tf.constant(ks, tf.int64), stage)
 
     # --- planning ------------------------------------------------------------
 
@@ -170,12 +328,12 @@ class RedSync(base.DensityCompressor):
         return sparse < dense
 
     def dense_compressor(self):
-        if self.momentum == 0.0:
+        if self.momentum == 0.0 and self.clipnorm is None:
             return Identity()
-        return MomentumDense(self.momentum)
+        return MomentumDense(self.momentum, self.clipnorm)
 
     def warmup_compressor(self):
-        return RedSyncWarmup(self.momentum)
+        return RedSyncWarmup(self.momentum, self.clipnorm)
 
     # --- one step ------------------------------------------------------------
 
@@ -190,12 +348,13 @@ class RedSync(base.DensityCompressor):
         # sent of it: their sums over workers are the job's.
         return RedSyncState(True, True)
 
-    def compress(self, x, state, key):
+    def compress(self, x, state, key, info=None):
         base.check_selection_dtype("RedSync", x.dtype)
-        u = _momentum_step(self.momentum, state.momentum, x)
+        g = _clipped("RedSync", self.clipnorm, x, info)
+        u = _momentum_step(self.momentum, state.momentum, g)
         values, indices, accumulation = ops.top_k_sample(
             u,
-            self.num_selected(x.shape),
+            self._k(x.shape, key),
             mode=self.selection,
             rounds=self.bisection_rounds,
             seed=_sparse.selection_seed(key),
@@ -218,7 +377,8 @@ class RedSync(base.DensityCompressor):
         return _sparse.dense_total(payload, ctx.shape, ctx.dtype)
 
     def payload_bytes(self, shape, dtype):
-        # With threshold selection: the bound when a threshold is accepted.
+        # With threshold selection: the bound when a threshold is accepted;
+        # after the density warm-up.
         k = self.num_selected(shape)
         if self.selection == "threshold" and k:
             k = 2 * k - 1
@@ -235,14 +395,25 @@ class RedSync(base.DensityCompressor):
             "cost_model": cost.get_config()
             if isinstance(cost, CostModel)
             else cost,
+            "density_warmup_steps": self.density_warmup_steps,
+            "clipnorm": self.clipnorm,
         }
 
 
 class MomentumDense(Identity):
-    """RedSync's dense path for a tensor: U = m U + g, all-reduced."""
+    """RedSync's dense path for a tensor: U = m U + g, all-reduced; g
+    clipped first with `clipnorm` (see `RedSync`)."""
 
-    def __init__(self, momentum: float):
+    def __init__(self, momentum: float, clipnorm: float | None = None):
         self.momentum = momentum
+        self.clipnorm = clipnorm
+
+    @property
+    def spec(self) -> Spec:
+        return Spec(
+            collectives=(ALL_REDUCE,),
+            reads_step_info=self.clipnorm is not None,
+        )
 
     def init_state(self, shape, dtype, key):
         del key
@@ -251,18 +422,20 @@ class MomentumDense(Identity):
     def worker_sums(self, state):
         return MomentumState(True)
 
-    def compress(self, x, state, key):
+    def compress(self, x, state, key, info=None):
         del key
-        u = _momentum_step(self.momentum, state.momentum, x)
+        g = _clipped(type(self).__name__, self.clipnorm, x, info)
+        u = _momentum_step(self.momentum, state.momentum, g)
         return DensePayload(u), DenseContext(x.dtype, MomentumState(u))
 
     def get_config(self):
-        return {"momentum": self.momentum}
+        return {"momentum": self.momentum, "clipnorm": self.clipnorm}
 
 
 class RedSyncWarmup(MomentumDense):
-    """RedSync's warm-up for a sparse tensor: U = m U + g; U + V is
-    all-reduced and V emptied, keeping `RedSyncState`."""
+    """RedSync's warm-up for a sparse tensor: U = m U + g (g clipped with
+    `clipnorm`); U + V is all-reduced and V emptied, keeping
+    `RedSyncState`."""
 
     def init_state(self, shape, dtype, key):
         del key
@@ -270,9 +443,13 @@ class RedSyncWarmup(MomentumDense):
         zeros = tf.zeros(shape, dtype)
         return RedSyncState(zeros, zeros)
 
-    def compress(self, x, state, key):
+    def worker_sums(self, state):
+        return RedSyncState(True, True)
+
+    def compress(self, x, state, key, info=None):
         del key
-        u = _momentum_step(self.momentum, state.momentum, x)
+        g = _clipped(type(self).__name__, self.clipnorm, x, info)
+        u = _momentum_step(self.momentum, state.momentum, g)
         sent = u + tf.cast(state.accumulation, x.dtype)
         new_state = RedSyncState(u, tf.zeros_like(u))
         return DensePayload(sent), DenseContext(x.dtype, new_state)
