@@ -66,6 +66,7 @@ from tfgc.compressors import (
     TopK,
     importance,
 )
+from tfgc.optimizers import fused_apply
 
 # --- recording the collectives -----------------------------------------------
 
@@ -231,6 +232,18 @@ def compressor_name(plan) -> str:
 
 # --- one training run --------------------------------------------------------
 
+# What the fused update (tfgc.optimizers.fused_apply) applied last.
+_FUSED_APPLIED: list = []
+_fused_apply = fused_apply.apply
+
+
+def _record_fused(optimizer, rule, grads, trainable_variables, buckets):
+    _FUSED_APPLIED[:] = list(grads)
+    return _fused_apply(optimizer, rule, grads, trainable_variables, buckets)
+
+
+fused_apply.apply = _record_fused
+
 
 def train(
     strategy,
@@ -254,8 +267,9 @@ def train(
         opt = make_optimizer()
         opt.build(variables)
 
-    # The gradients the inner optimizer applies (summed, or SBC's local).
-    summed = []
+    # The gradients the inner optimizer applies (summed, or SBC's local),
+    # by Keras's update or by the fused one (`_record_fused`).
+    summed = _FUSED_APPLIED
     inner_apply = opt.inner_optimizer.apply
 
     def apply_and_record(grads, trainable_variables=None):
