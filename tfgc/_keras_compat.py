@@ -255,9 +255,9 @@ def patch_multi_worker_fit() -> bool:
 def update_slots(optimizer, rule_slots: int, variable) -> list:
     """The slot variables of `variable` that Keras's SGD (momentum) and
     Adam update: [momentum] or [momentum, velocity]; none for plain SGD."""
-    index = optimizer._get_variable_index(variable)
     if rule_slots == 0:
         return []
+    index = optimizer._get_variable_index(variable)
     if isinstance(optimizer, keras.optimizers.Adam):
         return [optimizer._momentums[index], optimizer._velocities[index]]
     return [optimizer.momentums[index]]

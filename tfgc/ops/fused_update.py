@@ -34,11 +34,16 @@ RULE_SLOTS = {"sgd": 0, "momentum": 1, "nesterov": 1, "adam": 2}
 DECAY_SCALARS = ("weight_decay", "decay_learning_rate")
 
 
+def _op():
+    """The compiled op, or None (no library, one built without it, or XLA
+    compiles the graph being traced)."""
+    return getattr(_library.custom_ops(), "tfgc_fused_update", None)
+
+
 def available() -> bool:
     """Whether the compiled op can run in the graph being traced: the
     library loads and has it, and XLA does not compile the graph."""
-    lib = _library.custom_ops()
-    return lib is not None and hasattr(lib, "tfgc_fused_update")
+    return _op() is not None
 
 
 def fused_update(
@@ -95,14 +100,14 @@ def fused_update(
             f"{len(gradients)} gradients for {len(variables)} variables, "
             f"{len(scalars)} scalars"
         )
-    lib = _library.custom_ops()
-    if lib is None or not hasattr(lib, "tfgc_fused_update"):
+    op = _op()
+    if op is None:
         raise RuntimeError(
             "tfgc: the compiled FusedUpdate op is not available here "
             f"({_library.load_error() or 'disabled, or XLA compiles the graph'}"
             "); check tfgc.ops.fused_update.available() first."
         )
-    return lib.tfgc_fused_update(
+    return op(
         variables=[v.handle for v in variables],
         slots=[s.handle for per_slot in slots for s in per_slot],
         gradients=list(gradients),

@@ -104,13 +104,12 @@ def apply(optimizer, rule: str, grads, trainable_variables, buckets) -> None:
             clipped = _keras_compat.clip_gradients(
                 optimizer, [grads[i] for i in bucket]
             )
+            decays = [
+                _keras_compat.decays_weight(optimizer, v) for v in variables
+            ]
             # One op for the decayed variables, one for the others.
             for decayed in (True, False):
-                part = [
-                    j
-                    for j, v in enumerate(variables)
-                    if _keras_compat.decays_weight(optimizer, v) == decayed
-                ]
+                part = [j for j, d in enumerate(decays) if d == decayed]
                 if not part:
                     continue
                 fused_update_op.fused_update(

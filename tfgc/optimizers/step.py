@@ -164,19 +164,14 @@ def exchange_in_buckets(
     if not present:
         return Exchanged(out, no_traffic(), None, [], [], [], [])
     step = tf.cast(step, tf.int64)
-    num_phases = max(len(plan.phases) for plan in plans)
     groups = communicator_exchange.phase_buckets(
-        [
-            [p.phases[j % len(p.phases)] for p in plans]
-            for j in range(num_phases)
-        ],
-        [tensors[i] for i in present],
-        bucket_bytes,
+        _phases(plans), [tensors[i] for i in present], bucket_bytes
     )
     traffic, verdicts, columns = no_traffic(), [], []
-    done_plans, states = [], []
+    done_plans, states, buckets = [], [], []
     for number, group in enumerate(groups):
         members = [present[j] for j in group]
+        buckets.append(members)
         inputs = [tensors[i] for i in members]
         with tf.name_scope(f"tfgc_bucket_{number}"):
             if agree_finite:
@@ -201,8 +196,14 @@ def exchange_in_buckets(
         states += new_states
         traffic = Traffic(*(a + b for a, b in zip(traffic, more)))
     joined = tf.concat(verdicts, axis=1) if verdicts else None
-    buckets = [[present[j] for j in group] for group in groups]
     return Exchanged(out, traffic, joined, columns, done_plans, states, buckets)
+
+
+def _phases(plans) -> list[list]:
+    """Per phase of the step (as many as the plan with the most), each
+    plan's compressor in it: a plan's phases taken in turn."""
+    count = max(len(plan.phases) for plan in plans)
+    return [[p.phases[i % len(p.phases)] for p in plans] for i in range(count)]
 
 
 def _exchange_bucket(
@@ -222,11 +223,8 @@ def _exchange_bucket(
     def run(compressors):
         return communicator.step(compressors, inputs, states, keys, values)
 
-    num_phases = max(len(plan.phases) for plan in plans)
-    branches = [
-        functools.partial(run, [p.phases[i % len(p.phases)] for p in plans])
-        for i in range(num_phases)
-    ]
+    branches = [functools.partial(run, phase) for phase in _phases(plans)]
+    num_phases = len(branches)
     if warmup_steps:
         branches.insert(0, functools.partial(run, [p.warmup for p in plans]))
         index = tf.where(
