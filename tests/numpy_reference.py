@@ -588,14 +588,17 @@ def importance(
     epsilon=1e-8,
     min_compress_size=1024,
     roots=None,
+    relative_epsilon=1.0,
 ) -> Trajectory:
-    """ImportancePruning(density, epsilon) with error feedback.
+    """ImportancePruning(density, epsilon, relative_epsilon) with error
+    feedback.
 
     acc = g + residual; the root of the step (`importance_root`, or
-    `roots[step]` when given) picks the
-    k entries of largest |acc| / (|w| + epsilon), w the variable before
-    the step; every worker sends acc there (the sum is the total) and
-    keeps acc with those entries zeroed. Smaller tensors are summed dense.
+    `roots[step]` when given) picks the k entries of largest
+    |acc| / (|w| + relative_epsilon * rms(w) + epsilon), w the variable
+    before the step and rms(w) = ||w|| / sqrt(n) over the tensor; every
+    worker sends acc there (the sum is the total) and keeps acc with those
+    entries zeroed. Smaller tensors are summed dense.
     """
     p, steps, shapes, compressed, residual = _start(
         grads, _at_least(min_compress_size)
@@ -614,9 +617,10 @@ def importance(
             acc = [
                 (grads[w][s][i] + residual[w][i]).reshape(-1) for w in range(p)
             ]
-            score = np.abs(acc[root]) / (
-                np.abs(weights[i].reshape(-1)) + F32(epsilon)
-            )
+            weight = weights[i].reshape(-1)
+            rms = F32(np.sqrt(np.mean(weight.astype(np.float64) ** 2)))
+            floor = F32(relative_epsilon) * rms + F32(epsilon)
+            score = np.abs(acc[root]) / (np.abs(weight) + floor)
             idx = np.sort(np.argsort(-score, kind="stable")[:k])
             step.totals.append(
                 sparse_sum(n, [(a[idx], idx) for a in acc]).reshape(shape)

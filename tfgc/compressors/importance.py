@@ -30,6 +30,16 @@ class _Context(NamedTuple):
     state: NoState
 
 
+# One trace for every length (the inputs are flat), not one per tensor.
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _ratio(acc, weights, floor):
+    """acc / (|w| + floor) in float32, one fused pass (XLA): the sign is
+    acc's, |.| of it is the importance (`top_k_abs` takes |.| itself)."""
+    return tf.cast(acc, tf.float32) / (
+        tf.abs(tf.cast(weights, tf.float32)) + floor
+    )
+
+
 def root_worker(step: tf.Tensor, num_peers: int) -> tf.Tensor:
     """The root of a step, the same on every worker: uniform in [0, p).
 
@@ -52,12 +62,23 @@ class ImportancePruning(base.DensityCompressor):
     feedback (the optimizer's default) each worker keeps acc = residual +
     g. Every step a root worker is drawn from the step (the same on every
     worker, no message); the root ranks its entries by importance
-    |acc| / (|w| + epsilon), w the variable's value, and broadcasts its
-    k = ceil(density * n) most important positions (measured cheaper than
-    an all-reduce in which the others send zeros, or an all-gather:
-    docs/algorithms.md). All workers then all-reduce their acc at those
-    positions; what was sent leaves the residual. One index set per step:
-    ring all-reduce compatible.
+
+        |acc| / (|w| + relative_epsilon * rms(w) + epsilon),
+
+    w the variable's value and rms(w) = ||w|| / sqrt(n) over the tensor,
+    and broadcasts its k = ceil(density * n) most important positions
+    (measured cheaper than an all-reduce in which the others send zeros,
+    or an all-gather: docs/algorithms.md). All workers then all-reduce
+    their acc at those positions; what was sent leaves the residual. One
+    index set per step: ring all-reduce compatible.
+
+    The paper's importance is the ratio of gradient to weight. Where a
+    weight is small next to the tensor's typical weight, the floor
+    relative_epsilon * rms(w) (reconstructed) ranks it by its gradient
+    instead of by how close the weight is to zero: with relative_epsilon
+    = 0 weights that cross zero, and biases at their zero initialisation,
+    take the whole budget, the residual of the large weights grows
+    unchecked and training diverged (docs/algorithms.md).
 
     Bytes on the wire per worker: k * 4 (positions, broadcast; on a ring
     every worker but one forwards them) + k * itemsize (values,
@@ -65,12 +86,21 @@ class ImportancePruning(base.DensityCompressor):
 
     Args:
         density: fraction of entries sent (the paper's 1 / ratio), in (0, 1].
-        epsilon: added to |w| so zero weights do not divide by zero.
+        epsilon: added to the denominator so that a tensor of zeros does
+            not divide by zero; > 0.
+        relative_epsilon: the denominator's floor in units of the tensor's
+            rms(w); >= 0. 0 ranks by |acc| / (|w| + epsilon) alone, the
+            ranking before this argument existed.
     """
 
     spec = Spec(collectives=(BROADCAST, ALL_REDUCE), reads_step_info=True)
 
-    def __init__(self, density: float = 0.01, epsilon: float = 1e-8):
+    def __init__(
+        self,
+        density: float = 0.01,
+        epsilon: float = 1e-8,
+        relative_epsilon: float = 1.0,
+    ):
         super().__init__(density)
         eps = _arguments.check_number("epsilon", epsilon, "a number > 0")
         if not eps > 0:
@@ -78,20 +108,48 @@ class ImportancePruning(base.DensityCompressor):
                 f"`epsilon` must be a number > 0. Received: epsilon={epsilon!r}"
             )
         self.epsilon = eps
+        requirement = (
+            "a number >= 0, the denominator's floor in units of the "
+            "tensor's root-mean-square weight (0: none)"
+        )
+        rel = _arguments.check_number(
+            "relative_epsilon", relative_epsilon, requirement
+        )
+        if not rel >= 0:
+            raise ValueError(
+                f"`relative_epsilon` must be {requirement}. Received: "
+                f"relative_epsilon={relative_epsilon!r}"
+            )
+        self.relative_epsilon = rel
+
+    def _floor(self, weights: tf.Tensor) -> tf.Tensor:
+        """relative_epsilon * rms(w) + epsilon, a float32 scalar."""
+        eps = tf.constant(self.epsilon, tf.float32)
+        if not self.relative_epsilon:
+            return eps
+        w = tf.cast(weights, tf.float32)
+        if ops.compiling_with_xla():  # XLA has no EuclideanNorm kernel
+            norm = tf.sqrt(tf.reduce_sum(tf.square(w)))
+        else:  # one read, where the sum of squares writes w * w first
+            norm = tf.math.reduce_euclidean_norm(w)
+        n = tf.cast(tf.size(w), tf.float32)
+        rms = norm / tf.sqrt(tf.maximum(n, 1.0))
+        return self.relative_epsilon * rms + eps
 
     def compress(self, x, state, key, info=None):
         if info is None:
             raise ValueError(
                 "ImportancePruning reads the variable's value (importance is "
-                "|acc| / (|w| + epsilon)); use it through "
+                "|acc| / (|w| + floor)); use it through "
                 "tfgc.CompressedOptimizer, which passes it."
             )
         flat = tf.reshape(x, [-1])
-        w = tf.reshape(tf.cast(info.variable, tf.float32), [-1])
-        importance = tf.abs(tf.cast(flat, tf.float32)) / (
-            tf.abs(w) + self.epsilon
-        )
-        _, indices = ops.top_k_abs(importance, self.num_selected(x.shape))
+        w = tf.reshape(info.variable, [-1])
+        floor = self._floor(w)
+        # Inside a step XLA compiles, the same ops join its cluster.
+        ratio = _ratio.python_function if ops.compiling_with_xla() else _ratio
+        score = ratio(flat, w, floor)
+        _, indices = ops.top_k_abs(score, self.num_selected(x.shape))
         indices = tf.sort(indices)
         root = root_worker(key[1], info.num_peers)
         return IndexPayload(root, indices), _Context(
@@ -109,10 +167,16 @@ class ImportancePruning(base.DensityCompressor):
         return tf.reshape(total, ctx.shape), ctx.state
 
     def local_estimate(self, payload, ctx):
-        return self.decompress(payload, ctx)[0]
+        n = num_elements(ctx.shape)
+        mine = _sparse.scatter_sum(payload.values, ctx.indices, n, ctx.dtype)
+        return tf.reshape(mine, ctx.shape)
 
     def payload_bytes(self, shape, dtype):
         return self.num_selected(shape) * (4 + tf.as_dtype(dtype).size)
 
     def get_config(self):
-        return {"density": self.density, "epsilon": self.epsilon}
+        return {
+            "density": self.density,
+            "epsilon": self.epsilon,
+            "relative_epsilon": self.relative_epsilon,
+        }
