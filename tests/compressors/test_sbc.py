@@ -190,3 +190,76 @@ def test_sbc_binarized_rounds_keep_replicas_bitwise_equal(mirrored):
         for replica in history[s][1:]:
             np.testing.assert_array_equal(replica, history[s][0])
     assert opt.compression_stats()["run_compression_ratio"] > 20
+
+
+def _generic_error_feedback(compressor, x, residual):
+    """ErrorFeedback's generic step spelled out: (payload, residual)."""
+    corrected = x + residual
+    payload, ctx = compressor.compress(corrected, (), None)
+    sent = compressor.local_estimate(payload, ctx)
+    kept = tf.where(
+        tf.math.is_finite(sent), corrected - sent, tf.zeros_like(sent)
+    )
+    return payload, kept
+
+
+def _with_specials(x):
+    """x with NaN, +-Inf and a run of equal values in it."""
+    x = x.numpy().copy()
+    flat = x.reshape(-1)
+    flat[[3, 50]] = np.nan
+    flat[7], flat[11] = np.inf, -np.inf
+    flat[100:140] = flat[100]
+    return tf.constant(x)
+
+
+@pytest.mark.parametrize("binarize", [True, False])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("case", ["normal", "specials", "zeros", "ties"])
+def test_sbc_fused_residual_is_the_generic_one(binarize, dtype, case):
+    """`compress_with_residual` sends what `compress(x + residual)` sends
+    and keeps, bit for bit, what ErrorFeedback's generic path keeps: acc
+    minus the local estimate, 0 where the value sent is not finite."""
+    sbc = compressors.SBC(density=0.01, binarize=binarize)
+    rng = np.random.default_rng(5)
+    shape = (40, 50)
+    x = tf.constant(heavy_tailed(shape, 1, df=3))
+    residual = tf.constant(rng.normal(size=shape).astype("float32") * 0.3)
+    if case == "specials":
+        x = _with_specials(x)
+    elif case == "zeros":
+        x, residual = tf.zeros(shape), tf.zeros(shape)
+    elif case == "ties":
+        x = tf.constant(np.resize(np.float32([1, -1, 0.5]), shape))
+        residual = tf.zeros(shape)
+    x, residual = tf.cast(x, dtype), tf.cast(residual, dtype)
+    payload, ctx, fused = sbc.compress_with_residual(x, residual, (), None)
+    expected_payload, expected = _generic_error_feedback(sbc, x, residual)
+    for got, want in zip(payload, expected_payload):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert fused.dtype == dtype and fused.shape == x.shape
+    np.testing.assert_array_equal(
+        tf.cast(fused, tf.float32).numpy(),
+        tf.cast(expected, tf.float32).numpy(),
+    )
+    # Not vacuous: the sent positions changed and the rest is acc.
+    acc = tf.cast(x + residual, tf.float32).numpy().reshape(-1)
+    changed = np.flatnonzero(
+        ~(tf.cast(fused, tf.float32).numpy().reshape(-1) == acc)
+        & ~np.isnan(acc)
+    )
+    assert set(changed) <= set(ctx.indices.numpy())
+    if case != "zeros":
+        assert changed.size > 0
+
+
+def test_sbc_under_error_feedback_takes_the_fused_path():
+    """ErrorFeedback hands SBC the residual (no corrected tensor kept for
+    a later subtraction)."""
+    ef = compressors.ErrorFeedback(compressors.SBC(density=0.01))
+    x = tf.constant(heavy_tailed((30, 30), 2, df=3))
+    state = tfgc.compressors.error_feedback.ErrorFeedbackState(
+        tf.zeros_like(x), ()
+    )
+    _, ctx = ef.compress(x, state, None)
+    assert ctx.corrected is None and ctx.residual is not None

@@ -1,0 +1,142 @@
+"""What a compressor adds to a training step on one worker, without a
+network: the lab's `compressors` stand-in (4 x Dense(2,500), 25.0 M
+weights, batch 8, plain SGD; benchmarks/lab/worker.py) trained through
+`tfgc.CompressedOptimizer` with error feedback, against the floor (Keras's
+SGD alone). The median step of `--repeats`, every run in turn in each
+repeat, so that a slow spell of a shared machine slows all alike.
+
+Runs are `name[@density][:key=value,...]` (a `tfgc.compressors.get` name
+and its arguments, values as JSON); a trailing `!generic` takes
+ErrorFeedback's generic path (add, compress, local estimate, subtract)
+where the compressor has a fused one (`compress_with_residual`), to show
+what the fused path saves. Writes `--out`.md and .json:
+
+    python benchmarks/compressor_overhead.py \\
+        --runs 'topk@0.001 sbc@0.001 sbc@0.001!generic'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import _common  # noqa: E402
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from lab import worker as lab_worker  # noqa: E402
+
+import tfgc  # noqa: E402
+
+GENERIC = "!generic"
+
+
+def parse_run(text: str):
+    """`name[@density][:k=v,...][!generic]` -> (name, kwargs, generic)."""
+    generic = text.endswith(GENERIC)
+    text = text[: -len(GENERIC)] if generic else text
+    head, _, args = text.partition(":")
+    name, _, density = head.partition("@")
+    kwargs = {}
+    if density:
+        kwargs["density"] = float(density)
+    for item in filter(None, args.split(",")):
+        key, _, value = item.partition("=")
+        kwargs[key] = json.loads(value)
+    return name, kwargs, generic
+
+
+def compressor(name: str, kwargs: dict, generic: bool):
+    made = tfgc.compressors.get(name, **kwargs)
+    if generic:
+        # The instance only: ErrorFeedback then adds, compresses and
+        # subtracts the local estimate itself.
+        made.compress_with_residual = lambda *args: None
+    return made
+
+
+def step_function(text: str | None):
+    """A tf.function of one training step of the stand-in."""
+    keras.utils.set_random_seed(0)
+    model, x, y, loss_fn = lab_worker.build("standin", np.random.default_rng(1))
+    x, y = tf.constant(x), tf.constant(y)
+    sgd = keras.optimizers.SGD(lab_worker.LEARNING_RATE)
+    if text is None:
+        optimizer = sgd
+    else:
+        optimizer = tfgc.CompressedOptimizer(
+            sgd, compressor=compressor(*parse_run(text))
+        )
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        variables = model.trainable_variables
+        grads = tape.gradient(loss, variables)
+        optimizer.apply(grads, variables)
+        return loss
+
+    return step
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", default="topk@0.001 sbc@0.001")
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument(
+        "--out",
+        default=os.path.join(HERE, "results", "compressor_overhead"),
+    )
+    args = parser.parse_args(argv)
+    runs = args.runs.split()
+    for text in runs:
+        try:
+            compressor(*parse_run(text))
+        except (ValueError, TypeError) as e:
+            parser.error(f"--runs: {text!r}: {e}")
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1; got {args.repeats}")
+    steps = {"floor": step_function(None)}
+    steps.update({text: step_function(text) for text in runs})
+    times = _common.timeit_interleaved(steps, args.repeats)
+    floor = times["floor"]
+    meta = _common.machine_meta(args.repeats)
+    command = shlex.join(["python", "benchmarks/compressor_overhead.py", *argv])
+    lines = [
+        "# Compressor overhead on one worker",
+        "",
+        " ".join(__doc__.split("\n\n")[0].split()),
+        "",
+        f"Command: `{command}`; machine: {meta['machine']}, TensorFlow "
+        f"{meta['tensorflow']}, compiled ops "
+        f"{'on' if meta['custom_ops'] else 'off'}.",
+        "",
+        "| run | step (ms) | over the floor (ms) | overhead / first run's |",
+        "|---|---|---|---|",
+    ]
+    first = times[runs[0]] - floor if runs else None
+    for name, ms in times.items():
+        over = ms - floor
+        ratio = f"{over / first:.2f}x" if name != "floor" and first else ""
+        lines.append(f"| {name} | {ms:.1f} | {over:.1f} | {ratio} |")
+    _common.write_results(
+        args.out,
+        {"command": command, "meta": meta, "median_ms": times},
+        "\n".join(lines) + "\n",
+    )
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
