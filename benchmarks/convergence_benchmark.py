@@ -239,7 +239,9 @@ def _inner_with_momentum(task, name):
     return keras.optimizers.SGD(momentum=momentum, **task["sgd"])
 
 
-def _run(task, name, steps, label):
+def _run(task, name, steps, label, make=None):
+    """One training run of `task` with the compressor `name` (or the one
+    `make(density, momentum)` returns): its results as a dict."""
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     keras.utils.set_random_seed(0)
     x, y = task["train"]
@@ -248,7 +250,8 @@ def _run(task, name, steps, label):
     ds = ds.shuffle(len(x), seed=0).repeat().batch(global_batch, True)
     with strategy.scope():
         model = task["build"]()
-        compressor = COMPRESSORS[name][1](DENSITY, task["momentum"])
+        make = make or COMPRESSORS[name][1]
+        compressor = make(DENSITY, task["momentum"])
         optimizer = tfgc.CompressedOptimizer(
             _inner_with_momentum(task, name), compressor
         )
@@ -284,8 +287,9 @@ def _run(task, name, steps, label):
     if positions:
         result["bits_per_position"] = int(golomb.bits.numpy()) / positions
         # The formula at the density SBC selects with.
+        density = getattr(compressor, "density", DENSITY)
         result["bits_formula"] = ops.golomb_expected_bits_per_position(
-            1000, int(1000 / DENSITY)
+            1000, round(1000 / density)
         )
     return result
 
@@ -321,6 +325,18 @@ def plot(task_name: str, rows: dict, window: int, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def provenance(meta: dict) -> str:
+    """The line that says which command, machine and time measured a run."""
+    return (
+        f"Command: `{meta['command']}`. Machine: {meta['machine']}, "
+        f"TensorFlow {meta['tensorflow']}, compiled ops "
+        f"{'on' if meta['custom_ops'] else 'off'}; wall time "
+        f"{meta['wall_seconds'] / 60:.1f} min"
+        + ("" if meta["complete"] else " (**cut short**)")
+        + "."
+    )
 
 
 def _compared(metric: str, value: float, dense: float | None) -> str:
@@ -359,12 +375,7 @@ def markdown(results: dict, plots: dict) -> str:
             "",
             f"{task['description']}; {task['steps']} steps per run.",
             "",
-            f"Command: `{meta['command']}`. Machine: {meta['machine']}, "
-            f"TensorFlow {meta['tensorflow']}, compiled ops "
-            f"{'on' if meta['custom_ops'] else 'off'}; wall time "
-            f"{meta['wall_seconds'] / 60:.1f} min"
-            + ("" if meta["complete"] else " (**cut short**)")
-            + ".",
+            provenance(meta),
             "",
             f"![{task_name} loss curves]({os.path.basename(plots[task_name])})",
             "",

@@ -21,13 +21,13 @@ workers for a case that needs other strategy options):
   compressor that weighs the network's costs per tensor, RedSync, is told
   `cost_model=None` so that it compresses every tensor as it does with
   peers).
-Each case: `warmup` steps, a barrier, the timed steps (each fetched to
-the host), a barrier. A compressor with a communication delay d (SBC)
+Each case: `warmup` steps, two barriers, the timed steps (each fetched
+to the host), two barriers. A compressor with a communication delay d (SBC)
 communicates once per d steps, so its step time is reported as the mean
 over the timed steps (whole rounds when `warmup` and `steps` are
 multiples of d), not the median, which would be a local step's. With
-`netdev`, the host's veth counters are read inside its namespace after
-each of the two barriers.
+`netdev`, the host's veth counters are read inside its namespace
+between the barriers of each pair.
 """
 
 from __future__ import annotations
@@ -340,14 +340,22 @@ def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
 
     for _ in range(spec["warmup"]):
         one_step()
+    # Each host's counters are read between two barriers, so that the
+    # host's other workers start no timed step (and send nothing of it)
+    # before the first read, nor the next case's steps before the second.
+    # Read after one barrier only, a late reader on a loaded machine could
+    # miss what the other worker had sent of the first step (a 2-step run
+    # under load measured 8 % fewer bytes than the analytic count). After
+    # the timed steps' barrier every step's data has arrived, so it has
+    # also left this host (a worker may finish its step before its last
+    # sends leave the queue); each barrier adds a few hundred bytes.
     barrier()
     before = read_counters(spec.get("netdev"))
+    barrier()
     times = [one_step() for _ in range(spec["steps"])]
-    # After the barrier every step's data has arrived, so it has also
-    # left this host (a worker may finish its step before its last sends
-    # leave the queue); the barrier adds a few hundred bytes.
     barrier()
     after = read_counters(spec.get("netdev"))
+    barrier()
 
     compressor = getattr(optimizer, "compressor", None)
     delay = getattr(compressor, "delay", 1)
