@@ -339,6 +339,23 @@ def provenance(meta: dict) -> str:
     )
 
 
+def _other_commands(rows: dict, command: str) -> list[str]:
+    """Lines naming the rows an earlier command measured (--update)."""
+    by_command: dict[str, list[str]] = {}
+    for name, row in rows.items():
+        if row.get("command", command) != command:
+            by_command.setdefault(row["command"], []).append(
+                COMPRESSORS[name][0]
+            )
+    lines = []
+    for earlier, names in by_command.items():
+        lines += [
+            "",
+            f"Rows kept from an earlier run: {', '.join(names)} (`{earlier}`).",
+        ]
+    return lines
+
+
 def _compared(metric: str, value: float, dense: float | None) -> str:
     if dense is None:
         return ""
@@ -376,6 +393,7 @@ def markdown(results: dict, plots: dict) -> str:
             f"{task['description']}; {task['steps']} steps per run.",
             "",
             provenance(meta),
+            *_other_commands(rows, meta["command"]),
             "",
             f"![{task_name} loss curves]({os.path.basename(plots[task_name])})",
             "",
@@ -417,6 +435,13 @@ def _parser() -> argparse.ArgumentParser:
         + ")",
     )
     parser.add_argument(
+        "--update",
+        action="store_true",
+        help="keep a task's earlier runs (in --out, same model and steps) "
+        "of the compressors not in --compressors; each row names the "
+        "command that measured it",
+    )
+    parser.add_argument(
         "--tiny",
         action="store_true",
         help="tiny models and batches: a check that the benchmark runs",
@@ -431,18 +456,37 @@ def _path(out: str) -> str:
     return os.path.join(out, "convergence")
 
 
-def earlier_tasks(out: str, tasks: list[str]) -> dict:
-    """The results of tasks an earlier run wrote to `out` that `tasks` omits.
+def earlier_results(out: str) -> dict:
+    """The results of every task an earlier run wrote to `out`.
 
     A run of one task (say the LSTM for more steps) updates its section and
-    keeps the others, each with the command and machine that measured it.
+    keeps the others, each with the command and machine that measured it;
+    with --update a task also keeps its runs of the compressors not rerun.
     """
     try:
         with open(_path(out) + ".json") as f:
             earlier = json.load(f)["results"]
     except FileNotFoundError:
         return {}
-    return {t: r for t, r in earlier.items() if t in TASKS and t not in tasks}
+    return {t: r for t, r in earlier.items() if t in TASKS}
+
+
+def kept_runs(earlier: dict | None, task: dict, steps: int) -> dict:
+    """The runs --update keeps of an earlier run of the same task: those
+    of the same model and number of steps, none otherwise."""
+    if earlier is None:
+        return {}
+    same = (earlier["description"], earlier["steps"]) == (
+        task["description"],
+        steps,
+    )
+    if not same:
+        return {}
+    command = earlier["meta"]["command"]
+    return {
+        name: {**run, "command": run.get("command", command)}
+        for name, run in earlier["runs"].items()
+    }
 
 
 def _write(out: str, results: dict) -> None:
@@ -476,20 +520,26 @@ def main(argv=None) -> int:
     machine["command"] = " ".join(
         ["python -m benchmarks.run --preset convergence", shlex.join(argv)]
     ).strip()
-    results = earlier_tasks(args.out, tasks)
+    earlier = earlier_results(args.out)
+    results = {t: r for t, r in earlier.items() if t not in tasks}
     total, done = len(tasks) * len(names), 0
     begin = time.perf_counter()
     for task_name in tasks:
         task = TASKS[task_name](args.tiny)
         steps = args.steps or STEPS[task_name]
         meta = dict(machine)
+        kept = (
+            kept_runs(earlier.get(task_name), task, steps)
+            if args.update
+            else {}
+        )
         results[task_name] = {
             "description": task["description"],
             "metric": task["metric"],
             "steps": steps,
             "window": max(1, steps // 30),
             "meta": meta,
-            "runs": {},
+            "runs": kept,
         }
         task_begin = time.perf_counter()
         for name in names:
@@ -500,13 +550,18 @@ def main(argv=None) -> int:
                 flush=True,
             )
             run = _run(task, name, steps, f"{task_name} {name}")
-            results[task_name]["runs"][name] = run
+            run["command"] = meta["command"]
+            runs = results[task_name]["runs"]
+            runs[name] = run
+            # The table in the compressors' order, kept runs among them.
+            order = [n for n in COMPRESSORS if n in runs]
+            results[task_name]["runs"] = runs = {n: runs[n] for n in order}
             summary = {k: v for k, v in run.items() if k != "losses"}
             print(f"    {summary}", flush=True)
             # After every run, so that a cut-short sweep leaves its results.
             meta["wall_seconds"] = time.perf_counter() - task_begin
             meta["load_average"] = os.getloadavg()
-            meta["complete"] = len(results[task_name]["runs"]) == len(names)
+            meta["complete"] = all(n in runs for n in names)
             _write(args.out, results)
     return 0
 

@@ -128,3 +128,34 @@ def test_a_run_of_one_task_keeps_the_other_tasks_results(tmp_path):
     assert f"Command: `{lstm['meta']['command']}`" in table
     assert table.index("## resnet_digits") < table.index("## lstm_ptb")
     assert (tmp_path / "convergence_resnet_digits.png").exists()
+
+
+def test_update_reruns_some_compressors_and_keeps_the_rest(tmp_path):
+    common = ["--tiny", "--steps", "2", "--tasks", "resnet_digits",
+              "--out", str(tmp_path)]  # fmt: skip
+    first = _python(
+        "benchmarks/convergence_benchmark.py", *common,
+        "--compressors", "dense,topk",
+    )  # fmt: skip
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    before = json.loads((tmp_path / "convergence.json").read_text())
+    second = _python(
+        "benchmarks/convergence_benchmark.py", *common, "--update",
+        "--compressors", "topk",
+    )  # fmt: skip
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "resnet_digits dense" not in second.stdout  # not rerun
+    after = json.loads((tmp_path / "convergence.json").read_text())
+    runs = after["results"]["resnet_digits"]["runs"]
+    old = before["results"]["resnet_digits"]["runs"]
+    assert list(runs) == ["dense", "topk"]
+    # Kept as it was measured, with the command that measured it.
+    assert runs["dense"] == {
+        **old["dense"],
+        "command": runs["dense"]["command"],
+    }
+    assert "--update" in runs["topk"]["command"]
+    assert "--update" not in runs["dense"]["command"]
+    assert runs["topk"]["seconds"] != old["topk"]["seconds"]  # rerun
+    table = (tmp_path / "convergence.md").read_text()
+    assert "Rows kept from an earlier run: dense fp32 (`" in table
