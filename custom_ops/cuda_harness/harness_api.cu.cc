@@ -211,6 +211,28 @@ int tfgc_top_k_sample(int dtype, const void* x, int64_t n, int64_t k,
   });
 }
 
+// TopKRatio (TopKRatioWithResidual's launcher) on device buffers of n
+// elements (g, r, w; acc gets the new residual and may be r) and k
+// (values, indices); dtype as above; `flush_denormals` as above.
+int tfgc_top_k_ratio(int dtype, const void* g, const void* r, const void* w,
+                     float floor, int64_t n, int64_t k, void* acc,
+                     void* values, int32_t* indices, int flush_denormals) {
+  if (flush_denormals && !TFGC_HARNESS_HAVE_MXCSR) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  LauncherCall call(flush_denormals != 0,
+                    TFGC_TRAFFIC_RECORD(g_top_k_traffic));
+  int err = EnsureScratch(tfgc::gpu::TopKRatioScratchBytes(n, k));
+  if (err != 0) return err;
+  return WithDType(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return tfgc::gpu::TopKRatio(
+        static_cast<const T*>(g), static_cast<const T*>(r),
+        static_cast<const T*>(w), floor, n, k, static_cast<T*>(acc),
+        static_cast<T*>(values), indices, g_scratch, nullptr);
+  });
+}
+
 // The scratch bytes of the segmented TopKSample over `table` (as below);
 // -1 for an invalid table.
 int64_t tfgc_top_k_sample_segments_scratch_bytes(const int64_t* table,

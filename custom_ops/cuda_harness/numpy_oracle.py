@@ -6,7 +6,8 @@ TensorFlow import, so that the CUDA harness (run_harness.py) runs it on a
 GPU machine without TensorFlow. The op tests, the harness and the
 compressors' numpy references (tests/numpy_reference.py) all use it:
 
-* selection (`np_select`, `np_selector`; tfgc/ops/top_k_sample_reference.py),
+* selection (`np_select`, `np_selector`; tfgc/ops/top_k_sample_reference.py;
+  `np_select_ratio`, `np_ratio_scores`: tfgc/ops/top_k_sample.py),
 * Golomb-Rice coding (`np_golomb_encode`, `np_golomb_decode`,
   `optimal_b`; tfgc/ops/golomb_reference.py),
 * ScatterAddSum (`np_scatter_add_sum`; tfgc/ops/scatter.py),
@@ -160,6 +161,24 @@ def np_select_segments(x, segments, mode, rounds=20) -> list[np.ndarray]:
         np_select(x[off : off + n], k, mode, rounds=rounds, seed=seed)
         for off, n, k, seed in rows
     ]
+
+
+def np_ratio_scores(acc, weights, floor) -> np.ndarray:
+    """RatioScore (top_k_sample_common.h): acc / (|weights| + floor) in
+    float32, every operand and result flushed (`flush_subnormals`)."""
+    f = flush_subnormals
+    acc = f(np.asarray(acc, np.float32).reshape(-1))
+    w = f(np.abs(np.asarray(weights, np.float32).reshape(-1)))
+    floor = f(np.float32(floor))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return f(acc / f(w + floor))
+
+
+def np_select_ratio(acc, weights, floor, k) -> np.ndarray:
+    """Indices TopKRatioWithResidual selects from acc (float32 values),
+    increasing: the exact top-k of key(np_ratio_scores), lower index
+    first among equal keys (trimmed top-k of the scores)."""
+    return np_select(np_ratio_scores(acc, weights, floor), k, "trimmed")
 
 
 def to_bfloat16(x: np.ndarray) -> np.ndarray:

@@ -74,6 +74,7 @@ from custom_ops.cuda_harness.numpy_oracle import (  # noqa: E402
     np_golomb_decode,
     np_golomb_encode,
     np_scatter_add_sum,
+    np_select_ratio,
     np_select_segments,
     np_selector,
     optimal_b,
@@ -239,6 +240,9 @@ class Harness:
         self.lib.tfgc_copy_to_device.argtypes = [vp, vp, i64]
         self.lib.tfgc_copy_to_host.argtypes = [vp, vp, i64]
         self.lib.tfgc_add_residual.argtypes = [i32, vp, vp, vp, i64]
+        self.lib.tfgc_top_k_ratio.argtypes = [
+            i32, vp, vp, vp, ctypes.c_float, i64, i64, vp, vp, vp, i32,
+        ]  # fmt: skip
         self.lib.tfgc_pack_bits.argtypes = [vp, i64, vp]
         self.lib.tfgc_unpack_bits.argtypes = [vp, i64, i64, vp]
         self.lib.tfgc_unpack_bits_sum.argtypes = [i32, vp, vp, i64, i64, vp]
@@ -396,6 +400,24 @@ class Harness:
         z = self.to_host(d_z, [x.size], x.dtype) if zero else None
         self.free(d_x, d_v, d_i, *([d_z] if zero else []))
         return v, i, sizes, z
+
+    def top_k_ratio(self, g, r, w, floor, k: int, dtype: str, flush=False):
+        """(values, indices, new residual) of TopKRatio; the residual's
+        buffer is written in place, as the op forwards it."""
+        n = g.size
+        d_g, d_r, d_w = self.to_device(g), self.to_device(r), self.to_device(w)
+        d_v = self.alloc(max(1, k) * g.itemsize)
+        d_i = self.alloc(max(1, k) * 4)
+        err = self.lib.tfgc_top_k_ratio(
+            DTYPES.index(dtype), d_g, d_r, d_w, floor, n, k, d_r, d_v, d_i,
+            int(flush),
+        )  # fmt: skip
+        self.check(err, "top_k_ratio")
+        v = self.to_host(d_v, [k], g.dtype)
+        i = self.to_host(d_i, [k], np.int32)
+        acc = self.to_host(d_r, [n], g.dtype)
+        self.free(d_g, d_r, d_w, d_v, d_i)
+        return v, i, acc
 
     def add_residual(self, g: np.ndarray, r: np.ndarray, dtype: str):
         d_g, d_r = self.to_device(g), self.to_device(r)
@@ -1092,6 +1114,69 @@ def check_add_residual(h: Harness, sizes, setup, report: Tally) -> None:
         report(ok, f"add_residual {n=} {dtype}{where}")
 
 
+def same_or_nan(got: np.ndarray, want: np.ndarray, dtype: str) -> bool:
+    """Bit for bit, but where `want` is NaN any NaN (the device writes
+    NaN as its own bits)."""
+    nan = np.isnan(as_float32(want, dtype))
+    return same_bits(got[~nan], want[~nan]) and bool(
+        np.all(np.isnan(as_float32(got, dtype)[nan]))
+    )
+
+
+def check_top_k_ratio(h: Harness, sizes, setup, report: Tally) -> None:
+    """TopKRatio against np_select_ratio: indices, acc's values there and
+    the new residual bit for bit (NaN: any NaN), for each dtype, with zero,
+    subnormal and infinite weights, non-finite and tied acc, floors 0, a
+    subnormal, 1e-3 and huge, k = 0, 1, n / 100, n; half the cases with the
+    host thread flushing denormals."""
+    rng = np.random.default_rng(2)
+    case = 0
+    for n, _ in sizes.each():
+        if report.skip(n):
+            continue
+        for dtype in DTYPES:
+            a = rng.standard_normal(n).astype(np.float32)
+            b = rng.standard_normal(n).astype(np.float32) * 0.5
+            w = rng.standard_normal(n).astype(np.float32) * 0.05
+            w[::5] = 0
+            if n > 12:
+                a[:4] = [np.nan, np.inf, -np.inf, 1e-39]
+                w[4:8] = [np.inf, 1e-39, -0.0, -3e-39]
+                a[8:12] = b[8:12] = 0.25  # ties
+            g, r, wd = (to_dtype(v, dtype) for v in (a, b, w))
+            acc = to_dtype(
+                flush_subnormals(
+                    flush_subnormals(as_float32(g, dtype))
+                    + flush_subnormals(as_float32(r, dtype))
+                ),
+                dtype,
+            )
+            acc32, w32 = as_float32(acc, dtype), as_float32(wd, dtype)
+            # Above a million elements (numpy takes seconds a case) only
+            # the case of training: 0.1 %, a normal floor.
+            big = n > 1_000_000
+            for floor in (1e-3,) if big else (0.0, 1e-40, 1e-3, 1e30):
+                ks = {n // 1000} if big else {0, min(1, n), n // 100, n}
+                for k in sorted(ks):
+                    where = setup(case)
+                    flush = h.can_flush and case % 2 == 1
+                    case += 1
+                    v, i, res = h.top_k_ratio(g, r, wd, floor, k, dtype, flush)
+                    want = np_select_ratio(acc32, w32, np.float32(floor), k)
+                    kept = acc.copy()
+                    kept[want] = 0
+                    ok = (
+                        np.array_equal(i, want)
+                        and same_or_nan(v, acc[want], dtype)
+                        and same_or_nan(res, kept, dtype)
+                    )
+                    report(
+                        ok,
+                        f"top_k_ratio {n=} {k=} {floor=} {dtype}"
+                        f"{' flush' if flush else ''}{where}",
+                    )
+
+
 def check_bits(h: Harness, sizes, setup, report: Tally) -> None:
     rng = np.random.default_rng(2)
     for case, (n, _) in enumerate(sizes.each()):
@@ -1623,6 +1708,7 @@ def check_conversions(h: Harness, report: Tally) -> None:
 CHECKS = {
     "top_k_sample": check_top_k_sample,
     "top_k_segments": check_top_k_segments,
+    "top_k_ratio": check_top_k_ratio,
     "add_residual": check_add_residual,
     "bits": check_bits,
     "scatter_add_sum": check_scatter_add_sum,

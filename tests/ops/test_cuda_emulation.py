@@ -81,7 +81,7 @@ def run_harness_checks(lib: str, *extra: str) -> None:
 def test_kernels_match_numpy(emulation_lib):
     from custom_ops.cuda_harness import run_harness  # noqa: PLC0415
 
-    own_tests = ("top_k_segments", "fused_update")
+    own_tests = ("top_k_segments", "fused_update", "top_k_ratio")
     checks = [c for c in run_harness.CHECKS if c not in own_tests]
     run_harness_checks(emulation_lib, "--checks", ",".join(checks))
 
@@ -94,6 +94,14 @@ def test_segmented_top_k_matches_single_launches(emulation_lib):
     # of the exact-k modes (nothing but the table's upload) and of
     # threshold mode (one wait, one copy of all the sizes).
     run_harness_checks(emulation_lib, "--checks", "top_k_segments")
+
+
+def test_top_k_ratio_matches_numpy(emulation_lib):
+    # TopKRatioWithResidual's launcher: indices, acc's values and the new
+    # residual bit for bit numpy's (np_select_ratio), every dtype, with
+    # zero, subnormal and infinite weights, NaN, Inf, ties and floors from
+    # 0 to 1e30, with and without the host thread flushing.
+    run_harness_checks(emulation_lib, "--checks", "top_k_ratio")
 
 
 def test_fused_update_matches_numpy(emulation_lib):

@@ -88,6 +88,15 @@ def _results():
                 out[key + "_values"] = _bits(v)
                 out[key + "_indices"] = i.numpy()
                 out[key + "_residual"] = _bits(r)
+                # Importance: the scores' vector arithmetic, with zeros,
+                # subnormals and non-finite values in acc and the weights.
+                v, i, r = tfgc.ops.top_k_ratio(x, k, tiny, 1e-30, residual)
+                key = f"ratio_{dtype.name}_{n}_{k}"
+                out[key + "_values"] = _bits(v)
+                out[key + "_indices"] = i.numpy()
+                out[key + "_residual"] = _bits(r)
+                v, i, _ = tfgc.ops.top_k_ratio(tiny, k, outlier, 0.5, x)
+                out[key + "_tiny_indices"] = i.numpy()
         mask = tf.constant(np.random.default_rng(n).random(n) < 0.5)
         out[f"pack_{n}"] = tfgc.ops.pack_bits(mask).numpy()
     return out

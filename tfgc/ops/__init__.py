@@ -31,7 +31,12 @@ from tfgc.ops.golomb import (
 from tfgc.ops.golomb import max_encoded_bytes as golomb_max_encoded_bytes
 from tfgc.ops.scatter import scatter_add_sum
 from tfgc.ops.shuffle import index_shuffle
-from tfgc.ops.top_k_sample import top_k_abs, top_k_sample
+from tfgc.ops.top_k_sample import (
+    ratio_scores,
+    top_k_abs,
+    top_k_ratio,
+    top_k_sample,
+)
 from tfgc.ops.top_k_sample_segments import (
     SegmentSelection,
     SegmentSelectionWithResidual,
@@ -47,12 +52,14 @@ __all__ = [
     "golomb_optimal_b",
     "index_shuffle",
     "pack_bits",
+    "ratio_scores",
     "refuse_xla",
     "SegmentSelection",
     "SegmentSelectionWithResidual",
     "scatter_add_sum",
     "selects_segments_on_gpu",
     "top_k_abs",
+    "top_k_ratio",
     "top_k_sample",
     "top_k_sample_segments",
     "unpack_bits",

@@ -4,7 +4,8 @@
 `top_k_sample_reference` (pure TensorFlow, the test oracle;
 `tfgc/ops/top_k_sample_reference.py`, which also states the modes)
 otherwise; both return the same indices for the same inputs and seed.
-`top_k_abs` is the exact top-k by magnitude.
+`top_k_abs` is the exact top-k by magnitude; `top_k_ratio` the exact top-k
+of |acc| / (|w| + floor) fused with error feedback (importance pruning).
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from tfgc.ops.top_k_sample_reference import (
 __all__ = [
     "MODES",
     "slice_start_reference",
+    "ratio_scores",
     "top_k_abs",
+    "top_k_ratio",
     "top_k_sample",
     "top_k_sample_reference",
 ]
@@ -128,3 +131,87 @@ def top_k_abs(
         keys = tf.identity(_magnitude_keys(flat))
     _, indices = tf.math.top_k(keys, k=k, sorted=False)
     return tf.gather(flat, indices), indices
+
+
+def _flush_subnormal(x: tf.Tensor) -> tf.Tensor:
+    """float32 x with subnormals as zeros of their sign (FTZ and DAZ)."""
+    bits = tf.bitcast(x, tf.int32)
+    tiny = tf.equal(tf.bitwise.bitwise_and(bits, 0x7F800000), 0)
+    sign = tf.bitwise.bitwise_and(bits, tf.constant(-(2**31), tf.int32))
+    return tf.bitcast(tf.where(tiny, sign, bits), tf.float32)
+
+
+def ratio_scores(
+    acc: tf.Tensor, weights: tf.Tensor, floor: float | tf.Tensor
+) -> tf.Tensor:
+    """acc / (|weights| + floor) in float32, as `top_k_ratio` ranks it.
+
+    IEEE addition and division, every operand and result subnormal in
+    float32 flushed to a zero of its sign (as a CPU thread with FTZ and DAZ
+    set computes it, and as the compiled op does on every device:
+    `RatioScore` in custom_ops/cc/kernels/top_k_sample_common.h). The sign
+    is acc's; the ranking is by |score|.
+    """
+    f32 = tf.float32
+    flush = _flush_subnormal
+    floor = flush(tf.convert_to_tensor(floor, f32))
+    denominator = flush(flush(tf.abs(tf.cast(weights, f32))) + floor)
+    return flush(flush(tf.cast(acc, f32)) / denominator)
+
+
+def top_k_ratio(
+    x: tf.Tensor,
+    k: int,
+    weights: tf.Tensor,
+    floor: float | tf.Tensor,
+    residual: tf.Tensor,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Exact top-k of acc = x + residual by importance, with error feedback.
+
+    Ranks the entries of acc by |ratio_scores(acc, weights, floor)| (NaN
+    and +-Inf scores first, ties to the lower index, as `top_k_abs`) and
+    returns acc's values there, not the scores. One compiled op
+    (`Tfgc>TopKRatioWithResidual`) reads x, the residual and the weights
+    once when the library is loaded; otherwise `ratio_scores`, `top_k_abs`,
+    a gather and a scatter select the same set.
+
+    Args:
+        x: float32, float16 or bfloat16 tensor of any shape (flattened).
+        k: number of elements, in [0, x.size].
+        weights: tensor of x's shape and dtype (the variable's value).
+        floor: float32 scalar added to |weights|.
+        residual: the error-feedback residual, x's shape (cast to x's
+            dtype).
+
+    Returns:
+        values (acc[indices], x's dtype), int32 indices into the flattened
+        x in increasing order, [k] each, and the new residual: acc with
+        those entries zeroed, in x's shape.
+
+    Raises:
+        tf.errors.InvalidArgumentError: k is not a scalar in [0, x.size],
+            or weights or residual has another shape than x.
+    """
+    x = tf.convert_to_tensor(x)
+    residual = tf.cast(residual, x.dtype)
+    weights = tf.convert_to_tensor(weights, dtype=x.dtype)
+    floor = tf.convert_to_tensor(floor, tf.float32)
+    lib = _library.custom_ops()
+    if lib is not None and x.dtype in _FLOAT_DTYPES:
+        return tuple(
+            lib.tfgc_top_k_ratio_with_residual(
+                x, residual, weights, floor, _as_index(k)
+            )
+        )
+    acc = tf.reshape(x + residual, [-1])
+    with tf.control_dependencies(
+        [tf.debugging.assert_equal(tf.shape(weights), tf.shape(x))]
+    ):
+        scores = ratio_scores(acc, tf.reshape(weights, [-1]), floor)
+    _, indices = top_k_abs(scores, k)
+    indices = tf.sort(indices)
+    values = tf.gather(acc, indices)
+    new_residual = tf.tensor_scatter_nd_update(
+        acc, indices[:, None], tf.zeros_like(values)
+    )
+    return values, indices, tf.reshape(new_residual, tf.shape(x))

@@ -108,6 +108,35 @@ TFGC_HOST_DEVICE inline uint32_t KeyOf(float x) {
   return bits < kInfKey ? bits : kInfKey;
 }
 
+// v, or a zero of its sign when it is a float32 subnormal: what a CPU thread
+// with FTZ and DAZ set reads and writes.
+TFGC_HOST_DEVICE inline float FlushSubnormal(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  if ((bits & 0x7f800000u) == 0) bits &= 0x80000000u;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+// The score that TopKRatioWithResidual ranks by key(score):
+//   score = acc / (|w| + floor)
+// in float32, IEEE addition and division rounded to nearest, every operand
+// and result flushed as a CPU thread with FTZ and DAZ set would flush it
+// (FlushSubnormal), so that the host, the device and the pure-TF reference
+// (tfgc/ops/top_k_sample.py, run on such a thread) rank alike. No product:
+// nothing for nvcc to contract into a fused multiply-add.
+TFGC_HOST_DEVICE inline float RatioScore(float acc, float weight,
+                                         float floor) {
+  uint32_t bits;
+  std::memcpy(&bits, &weight, sizeof(bits));
+  bits &= 0x7fffffffu;
+  float magnitude;
+  std::memcpy(&magnitude, &bits, sizeof(magnitude));
+  const float denominator =
+      FlushSubnormal(FlushSubnormal(magnitude) + FlushSubnormal(floor));
+  return FlushSubnormal(FlushSubnormal(acc) / denominator);
+}
+
 // A non-negative double rounded to float32, 0 below 2^-126: the statistics
 // and thresholds are 0 or normal, with or without flush-to-zero.
 TFGC_HOST_DEVICE inline float Flush(double v) {

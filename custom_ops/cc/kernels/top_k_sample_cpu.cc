@@ -127,13 +127,13 @@ void DrawSample(const TopKSampleInput<T>& x, Candidates* cand) {
   std::vector<uint32_t>& sample = cand->sample;
   sample.clear();
   if (n < kMinSampled) {
-    for (int64_t i = 0; i < n; ++i) sample.push_back(ElementKey(x[i]));
+    for (int64_t i = 0; i < n; ++i) sample.push_back(KeyOf(x.Score(i)));
   } else {
     const int64_t stride = n / kRuns;
     for (int64_t r = 0; r < kRuns; ++r) {
       const int64_t begin = r * stride + (stride - kRun) / 2;
       for (int64_t i = begin; i < begin + kRun; ++i) {
-        sample.push_back(ElementKey(x[i]));
+        sample.push_back(KeyOf(x.Score(i)));
       }
     }
   }
@@ -256,7 +256,10 @@ SelectionPlan PlanSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
       std::max<int64_t>(1, LowerBoundOfRank(ctx, n, top_rank, cand));
   const Stats st = Compact(ctx, in, !trimmed, static_cast<uint32_t>(floor),
                            SampledShare(*cand, floor), /*gather=*/true, cand);
-  const TopKSampleInput<T> data{in.data(), nullptr, nullptr, n};
+  TopKSampleInput<T> data = in;  // acc, once written, with the weights
+  data.x = in.data();
+  data.residual = nullptr;
+  data.acc = nullptr;
   for (;; Compact(ctx, data, false, static_cast<uint32_t>(floor),
                   SampledShare(*cand, floor), /*gather=*/true, cand)) {
     const auto size = static_cast<int64_t>(cand->keys.size());
@@ -340,12 +343,13 @@ struct Output {
   T* values;
   int32_t* indices;
   T* zero;  // where selected entries are zeroed, if anywhere
+  bool scored;  // candidates hold scores, not values: values come from x
   int64_t size = 0;
 
-  // Element i, whose value is v (float holds every T value exactly; not
-  // always a NaN's payload), as output entry `at`.
+  // Element i, whose value (or, `scored`, score) is v (float holds every T
+  // value exactly; not always a NaN's payload), as output entry `at`.
   void Put(int64_t at, int64_t i, float v) {
-    values[at] = std::isnan(v) ? x[i] : static_cast<T>(v);
+    values[at] = scored || std::isnan(v) ? x[i] : static_cast<T>(v);
     indices[at] = static_cast<int32_t>(i);
     if (zero != nullptr) zero[i] = static_cast<T>(0.0f);
   }
@@ -486,7 +490,7 @@ template <typename T>
 absl::Status WriteSelection(OpKernelContext* ctx, const TopKSampleInput<T>& in,
                             const SelectionPlan& plan, Candidates* cand,
                             T* values, int32_t* indices) {
-  Output<T> out{in.data(), values, indices, in.acc};
+  Output<T> out{in.data(), values, indices, in.acc, in.weights != nullptr};
   return Write(ctx, in.n, plan, cand, &out);
 }
 

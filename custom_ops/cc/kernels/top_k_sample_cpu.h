@@ -85,7 +85,9 @@ struct CandidateBuffer {
 
 // Candidates hold the element's value (as float, exactly) as well as its
 // key, so that writing the selection reads the input again only for
-// mstopk's band when it has no lower end (WriteWholeBand). The
+// mstopk's band when it has no lower end (WriteWholeBand); with weights
+// they hold its RatioScore instead, and the values are read from the
+// input when the selection is written (k of them). The
 // kernel keeps one Candidates between calls (the fresh pages of a few MB of
 // candidates cost more than the pass that fills them), up to kKeptBytes.
 struct Candidates {
@@ -178,6 +180,7 @@ struct Stats {
 // returned; every element whose key is >= s goes, in index order, into
 // `cand`: with `gather`, into its value, index, keys and the keys'
 // top-digit histogram, else they stay in its parts (Candidates::in_parts).
+// With `in.weights`, keys and candidates are those of the RatioScores.
 // It runs in chunks that stay in L1, so each chunk is read from memory once
 // whatever it does. `fraction` estimates the share that passes, to size
 // the per-block buffers.

@@ -238,6 +238,35 @@ TFGC_AVX2 void ScanAvx2(const T* x, int64_t begin, int64_t end, uint32_t s,
     out->finite = tail.finite + HorizontalSum(cnt);
   }
 }
+// FlushSubnormal of eight lanes: the magnitude bits cleared where the
+// exponent is zero.
+TFGC_AVX2 inline __m256 Flush8(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i tiny = _mm256_cmpeq_epi32(
+      _mm256_and_si256(bits, _mm256_set1_epi32(0x7f800000)),
+      _mm256_setzero_si256());
+  const __m256i magnitude =
+      _mm256_and_si256(tiny, _mm256_set1_epi32(0x7fffffff));
+  return _mm256_castsi256_ps(_mm256_andnot_si256(magnitude, bits));
+}
+
+// ScoreChunk's scalar loop eight lanes at a time, the same operations in
+// the same order (RatioScore).
+template <typename T>
+TFGC_AVX2 void ScoreChunkAvx2(const T* x, const T* w, float floor,
+                              int64_t size, float* out) {
+  const __m256 f = Flush8(_mm256_set1_ps(floor));
+  int64_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    const __m256 d = Flush8(_mm256_add_ps(Flush8(Abs8(LoadFloat8(w + i))), f));
+    _mm256_storeu_ps(out + i,
+                     Flush8(_mm256_div_ps(Flush8(LoadFloat8(x + i)), d)));
+  }
+  for (; i < size; ++i) {
+    out[i] = RatioScore(static_cast<float>(x[i]), static_cast<float>(w[i]),
+                        floor);
+  }
+}
 #endif  // TFGC_HAVE_AVX2_PATH
 
 // The statistics of x[begin, end) into `out` when `stats`, and its
@@ -254,6 +283,21 @@ void Scan(const T* x, int64_t begin, int64_t end, bool stats, uint32_t s,
 #endif
   if (stats) AccumulateScalar(x, begin, end, out);
   AppendAtLeastScalar(x, begin, end, s, part);
+}
+
+// out[i] = RatioScore(x[i], w[i], floor) for i < size: four times the
+// compaction's keys per element on two cores at 25 M unless vectorised,
+// which the branch-free bit operations of RatioScore allow.
+template <typename T>
+void ScoreChunk(const T* x, const T* w, float floor, int64_t size,
+                float* out) {
+#if TFGC_HAVE_AVX2_PATH
+  if (UseAvx2()) return ScoreChunkAvx2(x, w, floor, size, out);
+#endif
+  for (int64_t i = 0; i < size; ++i) {
+    out[i] = RatioScore(static_cast<float>(x[i]), static_cast<float>(w[i]),
+                        floor);
+  }
 }
 
 }  // namespace
@@ -281,6 +325,7 @@ Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
     part.Reserve(static_cast<int64_t>(
         1.25 * fraction * static_cast<double>(end - begin) + kChunk + 8));
     BlockStats total;
+    float scores[kChunk];  // the chunk's RatioScores, with weights
     for (int64_t c = begin; c < end; c += kChunk) {
       const int64_t ce = std::min(end, c + kChunk);
       if (in.residual != nullptr) {
@@ -288,7 +333,17 @@ Stats Compact(OpKernelContext* ctx, const TopKSampleInput<T>& in, bool stats,
       }
       part.Reserve(part.size + (ce - c) + 8);
       BlockStats chunk;
-      Scan(in.data(), c, ce, stats, s, &part, &chunk);
+      if (in.weights != nullptr) {
+        // The candidates are scores, their indices counted from the chunk.
+        ScoreChunk(in.data() + c, in.weights + c, in.floor, ce - c, scores);
+        const int64_t first = part.size;
+        Scan(scores, 0, ce - c, stats, s, &part, &chunk);
+        for (int64_t j = first; j < part.size; ++j) {
+          part.index[j] += static_cast<int32_t>(c);
+        }
+      } else {
+        Scan(in.data(), c, ce, stats, s, &part, &chunk);
+      }
       total.sum += chunk.sum;
       total.max = std::max(total.max, chunk.max);
       total.finite += chunk.finite;

@@ -26,6 +26,19 @@ template <typename T>
 int AddResidual(const T* gradient, const T* residual, T* acc, int64_t n,
                 void* stream);
 
+// TopKRatioWithResidual (trimmed top-k by RatioScore, top_k_sample_common.h)
+// in one call: acc = gradient + residual as AddResidual writes it (`acc`
+// may alias `residual`) and the float32 scores in one pass, the trimmed
+// selection of the scores (TopKSamplePlan and TopKSampleWrite), then
+// values[j] = acc[indices[j]] and those entries of acc zeroed; k values and
+// increasing indices, 0 <= k <= n. `scratch` holds TopKRatioScratchBytes.
+int64_t TopKRatioScratchBytes(int64_t n, int64_t k);
+
+template <typename T>
+int TopKRatio(const T* gradient, const T* residual, const T* weights,
+              float floor, int64_t n, int64_t k, T* acc, T* values,
+              int32_t* indices, void* scratch, void* stream);
+
 // A selection takes three calls on the same stream and scratch:
 //   TopKSamplePlan       the statistics, the order statistics, the
 //                        bisection and the plan with its tile offsets, all

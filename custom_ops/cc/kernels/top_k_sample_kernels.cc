@@ -1,7 +1,7 @@
 // Copyright 2026 The tfgc Authors.
 //
-// The op kernels of Tfgc>TopKSample and Tfgc>TopKSampleWithResidual, one
-// class template over the device: it validates the attributes and inputs,
+// The op kernels of Tfgc>TopKSample, Tfgc>TopKSampleWithResidual and
+// Tfgc>TopKRatioWithResidual, each a class template over the device: it validates the attributes and inputs,
 // allocates the outputs and has functor::TopKSample<Device, T>
 // (top_k_sample_kernels.h) plan and write the selection. The CPU functor
 // runs the selection of top_k_sample_cpu.h; under GOOGLE_CUDA the GPU
@@ -140,6 +140,7 @@ class TopKSample<GPUDevice, T> {
                     int64_t k, TopKSampleMode mode, int rounds, int64_t seed,
                     int64_t* output_size) {
     void* stream = StreamOf(ctx);
+    if (in.weights != nullptr) return PlanRatio(ctx, in, k, output_size);
     if (in.residual != nullptr) {
       TF_RETURN_IF_ERROR(CudaStatus(
           gpu::AddResidual(ToCuda(in.x), ToCuda(in.residual), ToCuda(in.acc),
@@ -159,6 +160,13 @@ class TopKSample<GPUDevice, T> {
 
   absl::Status Write(OpKernelContext* ctx, const TopKSampleInput<T>& in,
                      int64_t output_size, T* values, int32_t* indices) {
+    if (in.weights != nullptr) {
+      return CudaStatus(
+          gpu::TopKRatio(ToCuda(in.x), ToCuda(in.residual), ToCuda(in.weights),
+                         in.floor, in.n, output_size, ToCuda(in.acc),
+                         ToCuda(values), indices, Scratch(), StreamOf(ctx)),
+          "TopKRatio");
+    }
     return CudaStatus(
         gpu::TopKSampleWrite(ToCuda(in.data()), in.n, output_size,
                              ToCuda(values), indices, ToCuda(in.acc),
@@ -168,6 +176,20 @@ class TopKSample<GPUDevice, T> {
 
  private:
   void* Scratch() { return scratch_.flat<int8_t>().data(); }
+
+  // With weights (TopKRatioWithResidual), one launcher in Write, once the
+  // outputs are allocated; here only acc when nothing is selected.
+  absl::Status PlanRatio(OpKernelContext* ctx, const TopKSampleInput<T>& in,
+                         int64_t k, int64_t* output_size) {
+    *output_size = in.n > 0 ? k : 0;
+    if (k > 0) {
+      return AllocateScratch(ctx, gpu::TopKRatioScratchBytes(in.n, k),
+                             &scratch_);
+    }
+    return CudaStatus(gpu::AddResidual(ToCuda(in.x), ToCuda(in.residual),
+                                       ToCuda(in.acc), in.n, StreamOf(ctx)),
+                      "AddResidual");
+  }
 
   Tensor scratch_;  // the plan, from Plan to Write
 };
@@ -261,12 +283,10 @@ absl::Status ReadModeAndRounds(OpKernelConstruction* ctx,
   return absl::OkStatus();
 }
 
-// Validates k and seed against n and reads them.
+// Validates k against n and reads it.
 template <typename Tk>
-absl::Status ValidateArgs(int64_t n, const Tensor& k_t, const Tensor& seed_t,
-                          int64_t* k, int64_t* seed) {
+absl::Status ValidateK(int64_t n, const Tensor& k_t, int64_t* k) {
   TF_RETURN_IF_ERROR(CheckScalar(k_t, "k"));
-  TF_RETURN_IF_ERROR(CheckScalar(seed_t, "seed"));
   if (n > std::numeric_limits<int32_t>::max()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "TopKSample supports at most 2^31 - 1 elements (int32 indices). "
@@ -278,17 +298,47 @@ absl::Status ValidateArgs(int64_t n, const Tensor& k_t, const Tensor& seed_t,
     return absl::InvalidArgumentError(absl::StrCat(
         "`k` must be in [0, n]. Received: k=", *k, ", n=", n));
   }
+  return absl::OkStatus();
+}
+
+// Validates k and seed against n and reads them.
+template <typename Tk>
+absl::Status ValidateArgs(int64_t n, const Tensor& k_t, const Tensor& seed_t,
+                          int64_t* k, int64_t* seed) {
+  TF_RETURN_IF_ERROR(ValidateK<Tk>(n, k_t, k));
+  TF_RETURN_IF_ERROR(CheckScalar(seed_t, "seed"));
   *seed = seed_t.scalar<int64_t>()();
   return absl::OkStatus();
 }
 
-absl::Status CheckSameShape(const Tensor& gradient, const Tensor& residual) {
-  if (gradient.shape() == residual.shape()) return absl::OkStatus();
+// "`gradient` and `other` must have the same shape".
+absl::Status CheckSameShape(const Tensor& gradient, const Tensor& other,
+                            const char* name = "residual") {
+  if (gradient.shape() == other.shape()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "`gradient` and `residual` must have the same shape. "
+      "`gradient` and `", name, "` must have the same shape. "
       "Received: gradient.shape=",
-      gradient.shape().DebugString(),
-      ", residual.shape=", residual.shape().DebugString()));
+      gradient.shape().DebugString(), ", ", name,
+      ".shape=", other.shape().DebugString()));
+}
+
+// Plans the selection of `in`, allocates outputs 0 (values) and 1
+// (indices) and writes them: the common part of the single-tensor ops.
+template <typename Device, typename T>
+absl::Status SelectInto(OpKernelContext* ctx,
+                        typename functor::TopKSample<Device, T>::Cache* cache,
+                        const TopKSampleInput<T>& in, int64_t k,
+                        TopKSampleMode mode, int rounds, int64_t seed) {
+  functor::TopKSample<Device, T> select(cache);
+  int64_t size = 0;
+  TF_RETURN_IF_ERROR(select.Plan(ctx, in, k, mode, rounds, seed, &size));
+  Tensor* values = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({size}), &values));
+  Tensor* indices = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({size}), &indices));
+  if (size == 0) return absl::OkStatus();
+  return select.Write(ctx, in, size, values->flat<T>().data(),
+                      indices->flat<int32_t>().data());
 }
 
 // TopKSample (inputs x, k, seed) or, kWithResidual, TopKSampleWithResidual
@@ -318,17 +368,8 @@ class TopKSampleOp : public OpKernel {
       in.residual = r.flat<T>().data();
       in.acc = acc->flat<T>().data();
     }
-    Functor select(&cache_);
-    int64_t size = 0;
-    OP_REQUIRES_OK(ctx, select.Plan(ctx, in, k, mode_, rounds_, seed, &size));
-    Tensor* values = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({size}), &values));
-    Tensor* indices = nullptr;
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(1, TensorShape({size}), &indices));
-    if (size == 0) return;
-    OP_REQUIRES_OK(ctx, select.Write(ctx, in, size, values->flat<T>().data(),
-                                     indices->flat<int32_t>().data()));
+    OP_REQUIRES_OK(ctx, (SelectInto<Device, T>(ctx, &cache_, in, k, mode_,
+                                               rounds_, seed)));
   }
 
  private:
@@ -336,6 +377,43 @@ class TopKSampleOp : public OpKernel {
 
   TopKSampleMode mode_;
   int rounds_;
+  typename Functor::Cache cache_;
+};
+
+// TopKRatioWithResidual (inputs gradient, residual, weights, floor, k;
+// outputs values, indices and the new residual): the trimmed selection of
+// TopKSampleWithResidual, ranked by RatioScore (top_k_sample_common.h)
+// through TopKSampleInput's weights.
+template <typename Device, typename T, typename Tk>
+class TopKRatioOp : public OpKernel {
+ public:
+  explicit TopKRatioOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x = ctx->input(0);
+    const Tensor& r = ctx->input(1);
+    const Tensor& w = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckSameShape(x, r));
+    OP_REQUIRES_OK(ctx, CheckSameShape(x, w, "weights"));
+    OP_REQUIRES_OK(ctx, CheckScalar(ctx->input(3), "floor"));
+    const int64_t n = x.NumElements();
+    int64_t k = 0;
+    OP_REQUIRES_OK(ctx, ValidateK<Tk>(n, ctx->input(4), &k));
+    Tensor* acc = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output(
+                            {1}, 2, r.shape(), &acc));
+    TopKSampleInput<T> in{x.flat<T>().data(), r.flat<T>().data(),
+                          acc->flat<T>().data(), n};
+    in.weights = w.flat<T>().data();
+    in.floor = ctx->input(3).scalar<float>()();
+    OP_REQUIRES_OK(ctx, (SelectInto<Device, T>(ctx, &cache_, in, k,
+                                               TopKSampleMode::kTrimmed,
+                                               /*rounds=*/1, /*seed=*/0)));
+  }
+
+ private:
+  using Functor = functor::TopKSample<Device, T>;
+
   typename Functor::Cache cache_;
 };
 
@@ -483,6 +561,11 @@ class TopKSampleSegmentsOp : public OpKernel {
                               .TypeConstraint<T>("T")                     \
                               .TypeConstraint<Tk>("Tk"),                  \
                           TopKSampleOp<CPUDevice, T, Tk, true>);          \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKRatioWithResidual")              \
+                              .Device(DEVICE_CPU)                         \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Tk>("Tk"),                  \
+                          TopKRatioOp<CPUDevice, T, Tk>);                 \
   REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSampleSegments")                 \
                               .Device(DEVICE_CPU)                         \
                               .TypeConstraint<T>("T")                     \
@@ -522,6 +605,13 @@ REGISTER_CPU_ALL_K(Eigen::bfloat16)
                               .TypeConstraint<T>("T")                     \
                               .TypeConstraint<Tk>("Tk"),                  \
                           TopKSampleOp<GPUDevice, T, Tk, true>);          \
+  REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKRatioWithResidual")              \
+                              .Device(tensorflow::DEVICE_GPU)             \
+                              .HostMemory("floor")                        \
+                              .HostMemory("k")                            \
+                              .TypeConstraint<T>("T")                     \
+                              .TypeConstraint<Tk>("Tk"),                  \
+                          TopKRatioOp<GPUDevice, T, Tk>);                 \
   REGISTER_KERNEL_BUILDER(Name("Tfgc>TopKSampleSegments")                 \
                               .Device(tensorflow::DEVICE_GPU)             \
                               .HostMemory("k")                            \

@@ -299,6 +299,33 @@ __global__ void AddKernel(const T* g, const T* r, T* acc, int64_t n) {
   }
 }
 
+// acc = g + r as AddKernel writes it and scores = RatioScore(acc, w, floor)
+// (top_k_sample_common.h), from acc rounded to T.
+template <typename T>
+__global__ void RatioKernel(const T* g, const T* r, const T* w, float floor,
+                            T* acc, float* scores, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    T a;
+    Store(&a, AddFlushed(ToFloat(g[i]), ToFloat(r[i])));
+    acc[i] = a;
+    scores[i] = RatioScore(ToFloat(a), ToFloat(w[i]), floor);
+  }
+}
+
+// values[j] = acc[indices[j]], then that entry of acc zeroed (the indices
+// are distinct).
+template <typename T>
+__global__ void GatherZeroKernel(const int32_t* indices, int64_t size,
+                                 T* acc, T* values) {
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < size;
+       j += int64_t{gridDim.x} * blockDim.x) {
+    const int32_t i = indices[j];
+    values[j] = acc[i];
+    Store(acc + i, 0.0f);
+  }
+}
+
 // One pass of the radix select over every segment: each segment's
 // histogram (global, zeroed) += that of the digit of pass `pass` over its
 // keys in the buckets of its state (pass 0: every key). With kStats, also
@@ -938,6 +965,36 @@ int AddResidual(const T* gradient, const T* residual, T* acc, int64_t n,
   return static_cast<int>(cudaGetLastError());
 }
 
+int64_t TopKRatioScratchBytes(int64_t n, int64_t k) {
+  return Align(TopKSampleScratchBytes(n)) + Align(4 * n) + Align(4 * k);
+}
+
+template <typename T>
+int TopKRatio(const T* gradient, const T* residual, const T* weights,
+              float floor, int64_t n, int64_t k, T* acc, T* values,
+              int32_t* indices, void* scratch, void* stream) {
+  if (n == 0) return 0;
+  auto* plan = static_cast<char*>(scratch);
+  auto* scores = reinterpret_cast<float*>(
+      plan + Align(TopKSampleScratchBytes(n)));
+  float* selected = scores + Align(4 * n) / 4;  // the scores selected
+  const auto s = static_cast<cudaStream_t>(stream);
+  LaunchKernel(RatioKernel<T>, StrideGridFor(n, kThreads), kThreads, 0, s,
+               gradient, residual, weights, floor, acc, scores, n);
+  int err = static_cast<int>(cudaGetLastError());
+  if (err != 0 || k == 0) return err;
+  const auto mode = TopKSampleMode::kTrimmed;
+  err = TopKSamplePlan(static_cast<const float*>(scores), n, k, mode, 1, 0,
+                       plan, stream);
+  if (err != 0) return err;
+  err = TopKSampleWrite(static_cast<const float*>(scores), n, k, selected,
+                        indices, static_cast<float*>(nullptr), plan, stream);
+  if (err != 0) return err;
+  LaunchKernel(GatherZeroKernel<T>, StrideGridFor(k, kThreads), kThreads, 0,
+               s, static_cast<const int32_t*>(indices), k, acc, values);
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <typename T>
 int TopKSamplePlan(const T* x, int64_t n, int64_t k, TopKSampleMode mode,
                    int rounds, int64_t seed, void* scratch, void* stream) {
@@ -1026,6 +1083,8 @@ int TopKSampleSegmentsWrite(const T* x, const TopKSampleSegment* segments,
 // The launchers of top_k_sample_gpu.h for each element type.
 #define TFGC_INSTANTIATE_TOP_K_SAMPLE(T)                                      \
   template int AddResidual(const T*, const T*, T*, int64_t, void*);           \
+  template int TopKRatio(const T*, const T*, const T*, float, int64_t,       \
+                         int64_t, T*, T*, int32_t*, void*, void*);            \
   template int TopKSamplePlan(const T*, int64_t, int64_t, TopKSampleMode,     \
                               int, int64_t, void*, void*);                    \
   template int TopKSampleWrite(const T*, int64_t, int64_t, T*, int32_t*, T*,  \

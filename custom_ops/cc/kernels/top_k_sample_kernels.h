@@ -20,19 +20,30 @@ namespace tfgc {
 
 // The data selected from: x itself, or acc = gradient + residual (added in
 // T, as TensorFlow adds), which the first pass writes to `acc`. The input
-// of both devices' functors.
+// of both devices' functors. With `weights` (TopKRatioWithResidual, trimmed
+// mode only) the keys are those of RatioScore(data, weights, floor)
+// (top_k_sample_common.h) instead of the data's own, and the values
+// written are the data's.
 template <typename T>
 struct TopKSampleInput {
   const T* x;                   // x, or the gradient
   const T* residual = nullptr;  // null for TopKSample
   T* acc = nullptr;             // acc's storage (null for TopKSample)
   int64_t n = 0;
+  const T* weights = nullptr;   // null but for TopKRatioWithResidual
+  float floor = 0.0f;
 
   T operator[](int64_t i) const {
     return residual == nullptr ? x[i] : static_cast<T>(x[i] + residual[i]);
   }
   // The data, once the first pass wrote acc.
   const T* data() const { return residual == nullptr ? x : acc; }
+  // What element i is ranked by: its value, or its RatioScore.
+  float Score(int64_t i) const {
+    const auto v = static_cast<float>((*this)[i]);
+    if (weights == nullptr) return v;
+    return RatioScore(v, static_cast<float>(weights[i]), floor);
+  }
 };
 
 namespace functor {

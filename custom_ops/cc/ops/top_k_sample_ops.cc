@@ -1,7 +1,8 @@
 // Copyright 2026 The tfgc Authors.
 //
-// Op registrations of Tfgc>TopKSample and Tfgc>TopKSampleWithResidual, and
-// of their segmented (multi-tensor) twins Tfgc>TopKSampleSegments and
+// Op registrations of Tfgc>TopKSample, Tfgc>TopKSampleWithResidual and
+// Tfgc>TopKRatioWithResidual, and of the first two's segmented
+// (multi-tensor) twins Tfgc>TopKSampleSegments and
 // Tfgc>TopKSampleSegmentsWithResidual.
 
 #include <cstdint>
@@ -18,6 +19,21 @@
 namespace tfgc {
 namespace {
 
+// Output length k when k is known and in [0, n], unknown otherwise; the
+// selection reads `shape`'s elements.
+absl::Status ExactLength(InferenceContext* c, int k_input, ShapeHandle shape,
+                         DimensionHandle* out) {
+  ShapeHandle unused;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(k_input), 0, &unused));
+  const Tensor* k = c->input_tensor(k_input);
+  if (k == nullptr) return absl::OkStatus();
+  const int64_t kv = IntScalarValue(*k);
+  const DimensionHandle num = c->NumElements(shape);
+  const int64_t n = c->ValueKnown(num) ? c->Value(num) : -1;
+  if (kv >= 0 && (n < 0 || kv <= n)) *out = c->MakeDim(kv);
+  return absl::OkStatus();
+}
+
 // Output length: k for the exact-k modes when k is known, unknown otherwise.
 absl::Status SelectionLength(InferenceContext* c, int k_input,
                              DimensionHandle* out) {
@@ -25,15 +41,10 @@ absl::Status SelectionLength(InferenceContext* c, int k_input,
   std::string mode;
   TF_RETURN_IF_ERROR(c->GetAttr("mode", &mode));
   *out = c->UnknownDim();
-  const Tensor* k = c->input_tensor(k_input);
-  if (k == nullptr || mode == "threshold") return absl::OkStatus();
-  const int64_t kv = IntScalarValue(*k);
+  if (mode == "threshold") return absl::OkStatus();
   // An out-of-range k is left to the kernel, which raises
   // InvalidArgumentError at run time in eager and graph mode alike.
-  const DimensionHandle num = c->NumElements(c->input(0));
-  const int64_t n = c->ValueKnown(num) ? c->Value(num) : -1;
-  if (kv >= 0 && (n < 0 || kv <= n)) *out = c->MakeDim(kv);
-  return absl::OkStatus();
+  return ExactLength(c, k_input, c->input(0), out);
 }
 
 // The segmented ops' outputs: values and indices of length sum(k) when k
@@ -125,6 +136,38 @@ REGISTER_OP("Tfgc>TopKSampleWithResidual")
     .Doc(R"doc(
 TopKSample of acc = gradient + residual, fused with error feedback:
 new_residual is acc with the selected entries set to zero.
+)doc");
+
+REGISTER_OP("Tfgc>TopKRatioWithResidual")
+    .Input("gradient: T")
+    .Input("residual: T")
+    .Input("weights: T")
+    .Input("floor: float")
+    .Input("k: Tk")
+    .Output("values: T")
+    .Output("indices: int32")
+    .Output("new_residual: T")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("Tk: {int32, int64} = DT_INT32")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle merged;
+      TF_RETURN_IF_ERROR(c->Merge(c->input(0), c->input(1), &merged));
+      TF_RETURN_IF_ERROR(c->Merge(merged, c->input(2), &merged));
+      ShapeHandle unused;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 0, &unused));
+      DimensionHandle len = c->UnknownDim();
+      TF_RETURN_IF_ERROR(ExactLength(c, 4, merged, &len));
+      c->set_output(0, c->Vector(len));
+      c->set_output(1, c->Vector(len));
+      c->set_output(2, merged);
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(
+Exact top-k of acc = gradient + residual ranked by importance, fused with
+error feedback: the k largest key(acc / (|weights| + floor)) (the score in
+float32, subnormals flushed; NaN and +-Inf scores highest; the lower index
+first among equal keys). values are acc at the selected indices (not the
+scores), indices increasing; new_residual is acc with them set to zero.
 )doc");
 
 REGISTER_OP("Tfgc>TopKSampleSegments")
