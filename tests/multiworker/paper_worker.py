@@ -169,16 +169,30 @@ def record_compressors() -> None:
 
     importance.root_worker = root_recorded
 
+    def importance_sent(x, payload):
+        i = var_index(x.shape)
+        write_probe(f"importance/{i}/sent", payload.indices)
+        write_probe(f"importance/{i}/payload_root", payload.root[None])
+
     importance_compress = ImportancePruning.compress
 
     def importance_recorded(self, x, state, key, info=None):
         payload, ctx = importance_compress(self, x, state, key, info)
-        i = var_index(x.shape)
-        write_probe(f"importance/{i}/sent", payload.indices)
-        write_probe(f"importance/{i}/payload_root", payload.root[None])
+        importance_sent(x, payload)
         return payload, ctx
 
     ImportancePruning.compress = importance_recorded
+
+    # Under error feedback the fused path compresses instead.
+    importance_fused = ImportancePruning.compress_with_residual
+
+    def importance_fused_recorded(self, x, residual, state, key, info=None):
+        fused = importance_fused(self, x, residual, state, key, info)
+        if fused is not None:
+            importance_sent(x, fused[0])
+        return fused
+
+    ImportancePruning.compress_with_residual = importance_fused_recorded
 
     importance_next = ImportancePruning.next_round
 

@@ -38,10 +38,10 @@ class ErrorFeedback(Compressor):
     does not stay NaN (inf - inf) for good. The residual is local to each
     worker and never communicated.
 
-    A single-round compressor with a fused path
-    (`Compressor.compress_with_residual`, e.g. `TopK` with the compiled
-    ops) computes c, its payload and the new residual in one pass;
-    otherwise the steps above run one by one.
+    A compressor with a fused path (`Compressor.compress_with_residual`,
+    e.g. `TopK` with the compiled ops, `ImportancePruning`) computes c, its
+    payload and the new residual in one pass; otherwise the steps above
+    run one by one.
     """
 
     def __init__(self, compressor: Compressor):
@@ -85,17 +85,14 @@ class ErrorFeedback(Compressor):
         # The state may be kept in another dtype (the variable's); the
         # arithmetic is in the gradient's, as the residual returned is.
         residual = tf.cast(state.residual, x.dtype)
-        spec = self.compressor.spec
-        reads_info = spec.reads_step_info
-        if spec.rounds == 1 and not reads_info:
-            fused = self.compressor.compress_with_residual(
-                x, residual, state.inner, key
-            )
-            if fused is not None:
-                payload, ctx, new_residual = fused
-                return payload, _Context(None, payload, ctx, new_residual)
+        extra = (info,) if self.compressor.spec.reads_step_info else ()
+        fused = self.compressor.compress_with_residual(
+            x, residual, state.inner, key, *extra
+        )
+        if fused is not None:
+            payload, ctx, new_residual = fused
+            return payload, _Context(None, payload, ctx, new_residual)
         corrected = x + residual
-        extra = (info,) if reads_info else ()
         payload, ctx = self.compressor.compress(
             corrected, state.inner, key, *extra
         )
@@ -129,7 +126,11 @@ class ErrorFeedback(Compressor):
     def decompress(self, reduced, ctx):
         total, inner_state = self.compressor.decompress(reduced, ctx.inner)
         residual = ctx.residual
-        if residual is None:
+        if residual is not None:
+            residual = self.compressor.residual_after_rounds(
+                ctx.inner, residual
+            )
+        else:
             sent = self.compressor.local_estimate(ctx.payload, ctx.inner)
             residual = tf.where(
                 tf.math.is_finite(sent),

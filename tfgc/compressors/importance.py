@@ -22,12 +22,25 @@ class ValuePayload(NamedTuple):
     values: tf.Tensor  # [k] this worker's entries at the root's positions
 
 
+class _Fused(NamedTuple):
+    """This worker's own choice on the fused path (`top_k_ratio`)."""
+
+    is_root: bool | tf.Tensor  # whether its choice is the root's
+    indices: tf.Tensor  # [k] int32, increasing
+    values: tf.Tensor  # [k] acc there
+    residual: tf.Tensor  # acc with them zeroed, flattened
+
+
 class _Context(NamedTuple):
     shape: tf.TensorShape
     dtype: tf.DType
-    flat: tf.Tensor  # this worker's input, flattened
+    flat: tf.Tensor | None  # this worker's input, flattened (None: fused)
     indices: tf.Tensor | None  # the root's positions, once known
     state: NoState
+    fused: _Fused | None = None
+    # The new residual on the fused path, once the root's positions are
+    # known, flattened.
+    residual: tf.Tensor | None = None
 
 
 # One trace for every length (the inputs are flat), not one per tensor.
@@ -50,6 +63,45 @@ def root_worker(step: tf.Tensor, num_peers: int) -> tf.Tensor:
         slice_start_reference(tf.cast(step, tf.int64), num_peers - 1),
         tf.int32,
     )
+
+
+def _take_root_choice(own: _Fused, root_indices: tf.Tensor):
+    """acc at the root's positions and acc with them zeroed, from this
+    worker's own choice: acc is own.residual with own.values put back at
+    own.indices. Both index sets are increasing; O(k log k) besides the
+    scatter, and on the root itself nothing."""
+    if own.is_root is True:
+        return own.values, own.residual
+
+    def other():
+        k = tf.shape(own.indices)[0]
+        # Where each position of one set would go in the other, and whether
+        # it is there.
+        at = tf.minimum(tf.searchsorted(own.indices, root_indices), k - 1)
+        mine = tf.gather(own.indices, at) == root_indices
+        values = tf.where(
+            mine,
+            tf.gather(own.values, at),
+            tf.gather(own.residual, root_indices),
+        )
+        back = tf.minimum(tf.searchsorted(root_indices, own.indices), k - 1)
+        sent = tf.gather(root_indices, back) == own.indices
+        # Own positions the root did not choose get their value back, the
+        # root's get 0 (a position in both is written 0 twice).
+        updates = tf.concat(
+            [
+                tf.where(sent, tf.zeros_like(own.values), own.values),
+                tf.zeros_like(values),
+            ],
+            0,
+        )
+        positions = tf.concat([own.indices, root_indices], 0)[:, None]
+        residual = tf.tensor_scatter_nd_update(own.residual, positions, updates)
+        return values, residual
+
+    if own.indices.shape[0] == 0:  # k = 0: nothing chosen anywhere
+        return own.values, own.residual
+    return tf.cond(own.is_root, lambda: (own.values, own.residual), other)
 
 
 @base.register
@@ -79,6 +131,10 @@ class ImportancePruning(base.DensityCompressor):
     = 0 weights that cross zero, and biases at their zero initialisation,
     take the whole budget, the residual of the large weights grows
     unchecked and training diverged (docs/algorithms.md).
+
+    Under `ErrorFeedback` the ranking, the selection and the residual
+    update are one op (`tfgc.ops.top_k_ratio`: compiled, or its pure-TF
+    twin), the same selection as `compress` of acc.
 
     Bytes on the wire per worker: k * 4 (positions, broadcast; on a ring
     every worker but one forwards them) + k * itemsize (values,
@@ -136,13 +192,16 @@ class ImportancePruning(base.DensityCompressor):
         rms = norm / tf.sqrt(tf.maximum(n, 1.0))
         return self.relative_epsilon * rms + eps
 
-    def compress(self, x, state, key, info=None):
+    def _check_info(self, info):
         if info is None:
             raise ValueError(
                 "ImportancePruning reads the variable's value (importance is "
                 "|acc| / (|w| + floor)); use it through "
                 "tfgc.CompressedOptimizer, which passes it."
             )
+
+    def compress(self, x, state, key, info=None):
+        self._check_info(info)
         flat = tf.reshape(x, [-1])
         w = tf.reshape(info.variable, [-1])
         floor = self._floor(w)
@@ -156,10 +215,46 @@ class ImportancePruning(base.DensityCompressor):
             x.shape, x.dtype, flat, None, state
         )
 
+    def compress_with_residual(self, x, residual, state, key, info=None):
+        # One op (`tfgc.ops.top_k_ratio`) adds the residual, ranks, and
+        # zeroes what it selects, where the generic path adds, ranks,
+        # scatters the local estimate and subtracts, each a pass over the
+        # tensor. The root's choice is this worker's own on the root; the
+        # others correct their residual in `next_round` (O(k) work).
+        self._check_info(info)
+        if info.variable.dtype != x.dtype:
+            return None  # the op takes w in x's dtype; ranking would change
+        w = tf.reshape(info.variable, [-1])
+        values, indices, new_residual = ops.top_k_ratio(
+            tf.reshape(x, [-1]),
+            self.num_selected(x.shape),
+            w,
+            self._floor(w),
+            tf.reshape(residual, [-1]),
+        )
+        root = root_worker(key[1], info.num_peers)
+        # One worker: the root, known while tracing.
+        is_root = info.num_peers == 1 or tf.equal(root, info.rank)
+        fused = _Fused(is_root, indices, values, new_residual)
+        ctx = _Context(x.shape, x.dtype, None, None, state, fused)
+        return (
+            IndexPayload(root, indices),
+            ctx,
+            tf.reshape(new_residual, x.shape),
+        )
+
     def next_round(self, reduced, ctx):
         indices = reduced.indices  # the root's
-        values = tf.gather(ctx.flat, indices)
+        if ctx.fused is not None:
+            values, residual = _take_root_choice(ctx.fused, indices)
+            ctx = ctx._replace(residual=residual)
+        else:
+            values = tf.gather(ctx.flat, indices)
         return ValuePayload(values), ctx._replace(indices=indices)
+
+    def residual_after_rounds(self, ctx, residual):
+        del residual  # this worker's own choice zeroed, not the root's
+        return tf.reshape(ctx.residual, ctx.shape)
 
     def decompress(self, reduced, ctx):
         n = num_elements(ctx.shape)

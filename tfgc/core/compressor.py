@@ -28,10 +28,12 @@ collective. For one tensor per step the optimizer drives it through
 * `local_estimate(payload, ctx)` is the dense tensor that this worker's own
   final-round payload stands for; error feedback subtracts it.
 
-Optional fused error feedback (single-round compressors only):
+Optional fused error feedback:
 
-    fused = compress_with_residual(x, residual, state, key)
+    fused = compress_with_residual(x, residual, state, key[, info])
     payload, ctx, new_residual = fused              # unless fused is None
+    ... the rounds, as above ...
+    new_residual = residual_after_rounds(ctx, new_residual)  # final ctx
 
 * `residual` has x's shape and dtype. `payload` and `ctx` are what
   `compress(x + residual, state, key)` returns, and `new_residual` is
@@ -44,6 +46,15 @@ Optional fused error feedback (single-round compressors only):
   for these inputs, e.g. without the compiled ops; `ErrorFeedback` then
   takes the generic path. The choice is made in Python while tracing, so
   it adds nothing to the graph.
+* A compressor whose spec `reads_step_info` gets `info` as a fifth
+  argument, as `compress` does; the others get four.
+* With several rounds the payload that leaves the residual may be known
+  only after a collective (`ImportancePruning` sends the root worker's
+  positions). There `new_residual` is the residual as if this worker's own
+  round-0 choice were final, and `residual_after_rounds(ctx, new_residual)`,
+  given the last round's ctx, returns x + residual - local_estimate of the
+  last payload as above (the default returns `new_residual`: right for one
+  round).
 
 Optional batched compression (single-round compressors that do not read
 step info):
@@ -278,15 +289,22 @@ class Compressor:
         raise NotImplementedError
 
     def compress_with_residual(
-        self, x: tf.Tensor, residual: tf.Tensor, state, key
+        self, x: tf.Tensor, residual: tf.Tensor, state, key, info=None
     ) -> tuple[Any, Any, tf.Tensor] | None:
         """Fused `compress(x + residual)` plus the new residual, or None.
 
         See the module docstring; None (this default) means "use the
-        generic path". Only called with one communication round.
+        generic path". `info` is given only where `spec.reads_step_info`.
         """
-        del x, residual, state, key
+        del x, residual, state, key, info
         return None
+
+    def residual_after_rounds(self, ctx, residual: tf.Tensor) -> tf.Tensor:
+        """On the fused path, the new residual once the last round's `ctx`
+        is known, from the `residual` that `compress_with_residual`
+        returned (this default: unchanged). See the module docstring."""
+        del ctx
+        return residual
 
     def compress_batch(
         self, xs: list, states: list, keys: list, residuals: list | None = None
