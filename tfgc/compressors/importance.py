@@ -69,7 +69,9 @@ def _take_root_choice(own: _Fused, root_indices: tf.Tensor):
     """acc at the root's positions and acc with them zeroed, from this
     worker's own choice: acc is own.residual with own.values put back at
     own.indices. Both index sets are increasing; O(k log k) besides the
-    scatter, and on the root itself nothing."""
+    scatter (for which TensorFlow copies the residual unless it can reuse
+    its buffer: one pass, on the workers but the root), and on the root
+    itself nothing."""
     if own.is_root is True:
         return own.values, own.residual
 
@@ -220,7 +222,7 @@ class ImportancePruning(base.DensityCompressor):
         # zeroes what it selects, where the generic path adds, ranks,
         # scatters the local estimate and subtracts, each a pass over the
         # tensor. The root's choice is this worker's own on the root; the
-        # others correct their residual in `next_round` (O(k) work).
+        # others correct their residual in `next_round` (_take_root_choice).
         self._check_info(info)
         if info.variable.dtype != x.dtype:
             return None  # the op takes w in x's dtype; ranking would change
