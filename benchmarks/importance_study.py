@@ -88,11 +88,24 @@ PTB = os.environ.get(
 )
 
 
+class _Generic:
+    """Takes ErrorFeedback's generic path: acc, compress, local estimate,
+    subtraction (no fused `compress_with_residual`)."""
+
+    def compress_with_residual(self, *args, **kwargs):
+        return None
+
+
+class GenericImportance(_Generic, C.ImportancePruning):
+    """For timing only: `ImportancePruning` on the generic path, as before
+    its fused op."""
+
+
 class AgeState(NamedTuple):
     age: tf.Tensor  # int32: steps since each entry was last sent
 
 
-class StaleFirst(C.ImportancePruning):
+class StaleFirst(_Generic, C.ImportancePruning):
     """An experiment, not part of tfgc: `ImportancePruning` whose entries
     not sent for `max_age` steps go before all others, oldest first (a
     hard bound on the residual's age; the age is the same on every worker,
@@ -136,7 +149,7 @@ class StaleFirst(C.ImportancePruning):
         return {**super().get_config(), "max_age": self.max_age}
 
 
-class ZeroingResidual(C.ImportancePruning):
+class ZeroingResidual(_Generic, C.ImportancePruning):
     """A prototype, not part of tfgc: `ImportancePruning` whose error
     feedback keeps acc with the sent positions zeroed (one scatter) instead
     of the generic acc - local estimate, where finite (a scatter, a
@@ -146,7 +159,7 @@ class ZeroingResidual(C.ImportancePruning):
     that this class stands in for, to measure what it would save."""
 
 
-class UnfusedRatio(C.ImportancePruning):
+class UnfusedRatio(_Generic, C.ImportancePruning):
     """For timing only: the ranking as tfgc computed it before (four TF ops,
     |acc| / (|w| + epsilon), and the floor's norm when relative_epsilon >
     0) where `ImportancePruning` now runs one fused (XLA) pass."""
@@ -162,7 +175,7 @@ class UnfusedRatio(C.ImportancePruning):
         ), C.importance._Context(x.shape, x.dtype, flat, None, state)
 
 
-class CurrentGradient(C.ImportancePruning):
+class CurrentGradient(_Generic, C.ImportancePruning):
     """An experiment, not part of tfgc: ranks by this step's gradient,
     |g| / (|w| + floor), and sends acc at those positions, where
     `ImportancePruning` ranks by acc itself. `ErrorFeedback` hands the
@@ -212,6 +225,7 @@ FACTORIES = {
     "topk": lambda d, kw: C.TopK(d, **kw),
     "mstopk": lambda d, kw: C.MSTopK(d, **kw),
     "importance": lambda d, kw: C.ImportancePruning(d, **kw),
+    "importance_generic": lambda d, kw: GenericImportance(d, **kw),
     "stale_first": lambda d, kw: StaleFirst(d, **kw),
     "importance_zeroing": lambda d, kw: ZeroingResidual(d, **kw),
     "importance_unfused": lambda d, kw: UnfusedRatio(d, **kw),
