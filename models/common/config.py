@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import tfgc
+from models.common import cache
 
 STRATEGIES = ("multi_worker_mirrored", "mirrored", "one_device")
 ALL_REDUCE_ALGS = ("ring", "nccl")
@@ -121,6 +122,13 @@ class CommonConfig:
         stop_timeout: seconds a main may take, after SIGTERM or SIGINT,
             to stop every worker at the same step and save a backup;
             past them it exits without one (the last backup is kept).
+        cache: where each worker keeps its input records after the first
+            epoch: "none", "memory", "disk" or "auto" (memory up to
+            `cache_memory_mb`, the rest on `cache_dir`);
+            `models.common.cache`.
+        cache_dir: a directory on the node's local disk for "disk" and
+            "auto".
+        cache_memory_mb: the memory budget of "auto", in MiB.
     """
 
     model_dir: str
@@ -156,6 +164,15 @@ class CommonConfig:
     overwrite: bool = False
     backup_steps: int | None = None
     stop_timeout: float = 30.0
+    cache: str = "none"
+    cache_dir: str | None = None
+    cache_memory_mb: int = 1024
+
+    def cache_settings(self) -> cache.Settings:
+        """The input cache's settings (`models.common.cache`)."""
+        return cache.Settings(
+            self.cache, self.cache_dir, self.cache_memory_mb * 2**20
+        )
 
     def __post_init__(self):
         if not self.model_dir:
@@ -245,6 +262,13 @@ class CommonConfig:
                 "`--train_steps` is split evenly over `--epochs`, so it must "
                 "be a multiple of it. Received: "
                 f"train_steps={self.train_steps}, epochs={self.epochs}"
+            )
+        cache.check(self.cache_settings())
+        if self.use_synthetic_data and self.cache != "none":
+            raise ValueError(
+                "`--cache` has nothing to cache with --use_synthetic_data "
+                "(one batch, made in memory). Received: "
+                f"cache={self.cache!r}"
             )
         if self.use_synthetic_data:
             if self.train_steps is None:

@@ -15,7 +15,7 @@ from typing import NoReturn, TypeVar
 from absl import app, flags
 
 import tfgc
-from models.common import cluster, logs
+from models.common import cache, cluster, logs
 from models.common.config import (
     ALL_REDUCE_ALGS,
     CLUSTER_RESOLVERS,
@@ -199,6 +199,24 @@ def define_common_flags() -> None:
         "Train and evaluate on random inputs of the real shapes.",
     )
     flags.DEFINE_string("data_dir", None, "Directory of the real dataset.")
+    flags.DEFINE_enum(
+        "cache",
+        "none",
+        list(cache.LEVELS),
+        "Keep each worker's input records after the first epoch: in "
+        "memory, on the node's local disk (--cache_dir), or auto: in memory "
+        "up to --cache_memory_mb, the rest on disk. For data on slow "
+        "network storage.",
+    )
+    flags.DEFINE_string(
+        "cache_dir",
+        None,
+        "Directory on the node's local disk for --cache=disk or auto (one "
+        "subdirectory per worker shard; one run at a time).",
+    )
+    flags.DEFINE_integer(
+        "cache_memory_mb", 1024, "Memory budget of --cache=auto, in MiB."
+    )
     flags.DEFINE_integer("seed", 0, "Random seed.")
     flags.DEFINE_enum(
         "precision",
@@ -264,6 +282,9 @@ def common_config_from_flags(
         overwrite=f.overwrite,
         backup_steps=f.backup_steps,
         stop_timeout=f.stop_timeout,
+        cache=f.cache,
+        cache_dir=f.cache_dir,
+        cache_memory_mb=f.cache_memory_mb,
     )
 
 

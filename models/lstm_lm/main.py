@@ -68,6 +68,12 @@ class LstmConfig:
                 f"Received: config={self.size!r}"
             )
         c = self.common
+        if c.cache != "none":
+            raise ValueError(
+                "`--cache` has nothing to cache here: the LSTM main reads "
+                "its corpus into memory once. Received: "
+                f"cache={c.cache!r}"
+            )
         if not c.use_synthetic_data:
             missing = data.missing_files(c.data_dir, self.splits)
             if missing:

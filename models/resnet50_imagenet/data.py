@@ -29,6 +29,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from models.common import cache
+
 _AUTOTUNE = tf.data.AUTOTUNE
 
 
@@ -171,9 +173,8 @@ def _parse_example(serialized):
     return features["image/encoded"], features["image/class/label"] - 1
 
 
-def _tfrecord_examples(data_dir, split, training, context, seed):
-    files = tf.data.Dataset.from_tensor_slices(tfrecord_files(data_dir, split))
-    files = files.shard(context.num_input_pipelines, context.input_pipeline_id)
+def _tfrecord_examples(paths, training, seed):
+    files = tf.data.Dataset.from_tensor_slices(list(paths))
     if training:
         files = files.shuffle(1024, seed=seed)
     ds = files.interleave(
@@ -201,6 +202,53 @@ def _tfds_examples(data_dir, spec, training, context, seed):
     return ds.map(lambda ex: (ex["image"], ex["label"]))
 
 
+def _tfds_unit(data_dir, spec, split, context) -> cache.Unit:
+    """This pipeline's share of a prepared tensorflow-datasets split, as
+    one unit: its size an even share of the split's files, its stamp
+    theirs."""
+    pattern = os.path.join(data_dir, spec.tfds_name, "*", f"*-{split}.*")
+    files = cache.file_units(sorted(glob.glob(pattern)))
+    share = sum(u.size for u in files) // context.num_input_pipelines
+    stamp = cache.fingerprint(files, {})
+    return cache.Unit(f"{spec.tfds_name}:{split}", share, stamp)
+
+
+def _records(data_dir, spec, source, training, context, seed, settings):
+    """This pipeline's (encoded image, label) pairs, one pass, cached
+    after the first as `settings` says (`models.common.cache`)."""
+    split = "train" if training else spec.eval_split
+    if source == "tfrecord":
+        paths = tfrecord_files(data_dir, "train" if training else "eval")
+        paths = paths[context.input_pipeline_id :: context.num_input_pipelines]
+        units = cache.file_units(paths)
+
+        def records_of(chosen):
+            return _tfrecord_examples([u.name for u in chosen], training, seed)
+
+    else:
+        units = [_tfds_unit(data_dir, spec, split, context)]
+
+        def records_of(chosen):
+            del chosen  # the one unit: the pipeline's share
+            return _tfds_examples(data_dir, spec, training, context, seed)
+
+    if settings.level == "none":
+        return records_of(units)
+    shard = (
+        f"{source}-{spec.tfds_name}-{split}-"
+        f"{context.input_pipeline_id}-of-{context.num_input_pipelines}"
+    )
+    config = {
+        "records": f"{source}: encoded image, label from 0",
+        "dataset": spec.tfds_name,
+        "split": split,
+        "shard": shard,
+    }
+    plan = cache.plan(settings, units, config, shard)
+    cache.log(plan)
+    return cache.cached(plan, records_of, seed)
+
+
 def dataset_fn(
     data_dir: str,
     spec: DatasetSpec,
@@ -210,6 +258,7 @@ def dataset_fn(
     seed: int = 0,
     shuffle_buffer: int = 10_000,
     start_step: int = 0,
+    cache_settings: cache.Settings = cache.NO_CACHE,
 ):
     """A function for `strategy.distribute_datasets_from_function`.
 
@@ -227,6 +276,9 @@ def dataset_fn(
         seed: shuffle seed.
         shuffle_buffer: examples in the shuffle buffer.
         start_step: the global step the training pipeline starts at.
+        cache_settings: where each pipeline keeps its records after the
+            first epoch (`models.common.cache`); shuffling and
+            augmentation come after the cache.
     """
     if start_step:
         seed = int(
@@ -235,16 +287,9 @@ def dataset_fn(
 
     def fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
         batch = context.get_per_replica_batch_size(global_batch_size)
-        if source == "tfrecord":
-            ds = _tfrecord_examples(
-                data_dir,
-                "train" if training else "eval",
-                training,
-                context,
-                seed,
-            )
-        else:
-            ds = _tfds_examples(data_dir, spec, training, context, seed)
+        ds = _records(
+            data_dir, spec, source, training, context, seed, cache_settings
+        )
         if training:
             ds = ds.shuffle(shuffle_buffer, seed=seed)
         ds = ds.repeat()

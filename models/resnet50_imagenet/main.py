@@ -257,6 +257,7 @@ def _train(config: ResnetConfig, strategy, signals) -> dict[str, Any]:
                 training=True,
                 seed=c.seed,
                 start_step=start_step,
+                cache_settings=c.cache_settings(),
             )
 
         eval_fn = data.dataset_fn(

@@ -418,3 +418,14 @@ def test_the_saved_model_loads_for_evaluation_as_documented(
     assert isinstance(optimizer.compressor, tfgc.compressors.TopK)
     assert int(optimizer.iterations) == summary["train_steps"] == 2
     assert np.isfinite(scope["loss"])
+
+
+def test_cache_is_refused_the_corpus_is_in_memory(tmp_path):
+    common = CommonConfig(
+        model_dir=str(tmp_path / "model"),
+        use_synthetic_data=False,
+        data_dir=str(tmp_path),
+        cache="memory",
+    )
+    with pytest.raises(ValueError, match="reads its corpus into memory"):
+        lstm_main.LstmConfig(common=common)

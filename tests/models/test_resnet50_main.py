@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import keras
 import numpy as np
@@ -11,7 +12,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import tfgc
-from models.common import training
+from models.common import cache, training
 from models.common.config import CommonConfig
 from models.resnet50_imagenet import data, resnet
 from models.resnet50_imagenet import main as resnet_main
@@ -249,3 +250,69 @@ def test_cifar_sized_on_prepared_tfds_dir(tmp_path):
     assert summary["model_config"]["source"] == "tfds"
     assert summary["eval"]["test"]["steps"] == 1
     assert np.isfinite(summary["train"]["loss"])
+
+
+def _labelled_tfrecord(directory, name, labels):
+    """One ImageNet-layout file of small random JPEGs with `labels`."""
+    rng = np.random.default_rng(len(labels))
+    with tf.io.TFRecordWriter(str(directory / name)) as writer:
+        for label in labels:
+            pixels = rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)
+            feature = {
+                "image/encoded": tf.train.Feature(
+                    bytes_list=tf.train.BytesList(
+                        value=[tf.io.encode_jpeg(pixels).numpy()]
+                    )
+                ),
+                "image/class/label": tf.train.Feature(
+                    int64_list=tf.train.Int64List(value=[label])
+                ),
+            }
+            example = tf.train.Example(
+                features=tf.train.Features(feature=feature)
+            )
+            writer.write(example.SerializeToString())
+
+
+@pytest.mark.parametrize("level", ["memory", "disk", "auto"])
+def test_cached_pipelines_see_their_shard_every_epoch(tmp_path, level):
+    """Two input pipelines with the cache: each caches its own shard (the
+    disk level in a directory per shard), every epoch holds the shard's
+    examples, and after the first the source files may be gone."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for f in range(2):  # labels 1..6 in one file, 7..12 in the other
+        _labelled_tfrecord(
+            source, f"train-{f:05d}-of-00002", range(6 * f + 1, 6 * f + 7)
+        )
+    settings = cache.Settings(level, str(tmp_path / "cache"), 1)
+    iterators = []
+    for pipeline in range(2):
+        context = tf.distribute.InputContext(2, pipeline, 2)
+        fn = data.dataset_fn(
+            str(source), data.IMAGENET, "tfrecord", 4, training=True,
+            cache_settings=settings,
+        )  # fmt: skip
+        iterators.append(iter(fn(context)))
+
+    def epoch(it):  # 6 examples, batches of 2
+        return sorted(
+            int(i) for _ in range(3) for i in next(it)[1].numpy().argmax(1)
+        )
+
+    first = [epoch(it) for it in iterators]
+    assert first == [list(range(0, 6)), list(range(6, 12))]
+    for path in source.iterdir():
+        path.unlink()
+    assert [epoch(it) for it in iterators] == first
+    if level != "memory":
+        shards = sorted(os.listdir(tmp_path / "cache"))
+        assert shards == [f"tfrecord-imagenet2012-train-{i}-of-2"
+                          for i in range(2)]  # fmt: skip
+
+
+def test_cache_settings_are_checked(tmp_path):
+    with pytest.raises(ValueError, match="needs `--cache_dir`"):
+        _config(tmp_path, use_synthetic_data=False, data_dir="/d", cache="disk")
+    with pytest.raises(ValueError, match="nothing to cache"):
+        _config(tmp_path, cache="memory")
