@@ -1,0 +1,44 @@
+"""The input cache benchmark on a tiny configuration: a row per rate and
+level, the table and the plot (its speed is the benchmark's to report)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(*args, timeout=300):
+    return subprocess.run(
+        [sys.executable, "benchmarks/input_cache_benchmark.py", *args],
+        cwd=REPO,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_tiny_run_writes_a_row_per_rate_and_level(tmp_path):
+    proc = _run(
+        "--examples", "32", "--batch", "16", "--epochs", "2",
+        "--rates", "4,16", "--levels", "none,disk", "--out", str(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "input_cache.json").read_text())
+    rows = [(r["rate"], r["level"]) for r in result["rows"]]
+    assert rows == [(4.0, "none"), (4.0, "disk"), (16.0, "none"),
+                    (16.0, "disk")]  # fmt: skip
+    assert all(r["first"] > 0 and r["later"] > 0 for r in result["rows"])
+    assert result["meta"]["megabytes"] > 0.1  # real JPEGs, not a stub
+    png = (tmp_path / "input_cache.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| 16 | disk |" in (tmp_path / "input_cache.md").read_text()
+
+
+def test_unknown_level_is_a_usage_error(tmp_path):
+    proc = _run("--levels", "none,ram", "--out", str(tmp_path), timeout=120)
+    assert proc.returncode == 2
+    assert "ram" in proc.stderr
