@@ -9,31 +9,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import python
+
 STEPS = 3
 COMPRESSORS = ("dense", "topk")
 TASKS = ("lstm_ptb", "resnet_digits")
 
 
-def _python(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Runs `python *args` in the repository, output captured."""
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def test_tiny_run_writes_losses_plots_and_table(tmp_path):
-    proc = _python(
+    proc = python(
         "-m", "benchmarks.run", "--preset", "convergence", "--tiny",
         "--steps", str(STEPS), "--out", str(tmp_path),
         "--compressors", ",".join(COMPRESSORS),
@@ -70,7 +55,7 @@ def test_tiny_run_writes_losses_plots_and_table(tmp_path):
 
 
 def test_unknown_compressor_is_a_usage_error(tmp_path):
-    proc = _python(
+    proc = python(
         "benchmarks/convergence_benchmark.py", "--compressors", "dense,nosuch",
         "--out", str(tmp_path), timeout=120,
     )  # fmt: skip
@@ -107,7 +92,7 @@ def test_a_run_of_one_task_keeps_the_other_tasks_results(tmp_path):
     (tmp_path / "convergence.json").write_text(
         json.dumps({"results": {"resnet_digits": earlier}})
     )
-    proc = _python(
+    proc = python(
         "benchmarks/convergence_benchmark.py", "--tiny", "--steps", "2",
         "--tasks", "lstm_ptb", "--compressors", "dense",
         "--out", str(tmp_path),
@@ -133,13 +118,13 @@ def test_a_run_of_one_task_keeps_the_other_tasks_results(tmp_path):
 def test_update_reruns_some_compressors_and_keeps_the_rest(tmp_path):
     common = ["--tiny", "--steps", "2", "--tasks", "resnet_digits",
               "--out", str(tmp_path)]  # fmt: skip
-    first = _python(
+    first = python(
         "benchmarks/convergence_benchmark.py", *common,
         "--compressors", "dense,topk",
     )  # fmt: skip
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     before = json.loads((tmp_path / "convergence.json").read_text())
-    second = _python(
+    second = python(
         "benchmarks/convergence_benchmark.py", *common, "--update",
         "--compressors", "topk",
     )  # fmt: skip

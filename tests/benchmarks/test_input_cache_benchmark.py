@@ -2,23 +2,12 @@
 level, the table and the plot (its speed is the benchmark's to report)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import python
 
 
 def _run(*args, timeout=300):
-    return subprocess.run(
-        [sys.executable, "benchmarks/input_cache_benchmark.py", *args],
-        cwd=REPO,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return python("benchmarks/input_cache_benchmark.py", *args, timeout=timeout)
 
 
 def test_tiny_run_writes_a_row_per_rate_and_level(tmp_path):

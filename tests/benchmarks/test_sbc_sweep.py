@@ -10,24 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.benchmarks.scripts import python
+
 STEPS = 4
 
 
-def _sweep(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "benchmarks/sbc_sweep.py", *args],
-        cwd=REPO,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+def _sweep(*args: str, timeout: float = 300):
+    return python("benchmarks/sbc_sweep.py", *args, timeout=timeout)
 
 
 def test_tiny_sweep_writes_bits_perplexity_and_plot(tmp_path):
