@@ -62,18 +62,18 @@ def compressor(name: str, kwargs: dict, generic: bool):
     return made
 
 
-def step_function(text: str | None):
-    """A tf.function of one training step of the stand-in."""
+def step_function(compressor_=None):
+    """A tf.function of one training step of the stand-in, through
+    `tfgc.CompressedOptimizer` with `compressor_`, or Keras's SGD alone
+    (the floor) without one."""
     keras.utils.set_random_seed(0)
     model, x, y, loss_fn = lab_worker.build("standin", np.random.default_rng(1))
     x, y = tf.constant(x), tf.constant(y)
     sgd = keras.optimizers.SGD(lab_worker.LEARNING_RATE)
-    if text is None:
+    if compressor_ is None:
         optimizer = sgd
     else:
-        optimizer = tfgc.CompressedOptimizer(
-            sgd, compressor=compressor(*parse_run(text))
-        )
+        optimizer = tfgc.CompressedOptimizer(sgd, compressor=compressor_)
     optimizer.build(model.trainable_variables)
 
     @tf.function
@@ -106,8 +106,10 @@ def main(argv=None) -> int:
             parser.error(f"--runs: {text!r}: {e}")
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1; got {args.repeats}")
-    steps = {"floor": step_function(None)}
-    steps.update({text: step_function(text) for text in runs})
+    steps = {"floor": step_function()}
+    steps.update(
+        {text: step_function(compressor(*parse_run(text))) for text in runs}
+    )
     times = _common.timeit_interleaved(steps, args.repeats)
     floor = times["floor"]
     meta = _common.machine_meta(args.repeats)

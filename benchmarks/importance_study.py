@@ -417,44 +417,20 @@ def speed(args) -> list[str]:
     in turn in each repeat, against the floor (Keras's SGD alone). And the
     compress step alone of one 25 M tensor (error feedback, one worker:
     compress, the next round, decompress)."""
-    from lab import worker as lab_worker
+    import compressor_overhead
 
     from tfgc.core.compressor import StepInfo
 
     runs = [("floor", None)] + [
         (text, parse_run(text)) for text in args.runs.split()
     ]
-    steps = {}
-    for text, parsed in runs:
-        rng = np.random.default_rng(1)
-        keras.utils.set_random_seed(0)
-        model, x, y, loss_fn = lab_worker.build("standin", rng)
-        x, y = tf.constant(x), tf.constant(y)
-        if parsed is None:
-            optimizer = keras.optimizers.SGD(lab_worker.LEARNING_RATE)
-        else:
-            name, d, kwargs = parsed
-            optimizer = tfgc.CompressedOptimizer(
-                keras.optimizers.SGD(lab_worker.LEARNING_RATE),
-                compressor=FACTORIES[name](d, kwargs),
-            )
-        optimizer.build(model.trainable_variables)
-
-        def step(x=x, y=y, model=model, optimizer=optimizer, loss_fn=loss_fn):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            variables = model.trainable_variables
-            grads = tape.gradient(loss, variables)
-            if isinstance(optimizer, tfgc.CompressedOptimizer):
-                optimizer.apply(grads, variables)
-            else:
-                optimizer.apply_gradients(zip(grads, variables))
-            return loss
-
-        steps[text] = tf.function(step)
-    times = _common.timeit_interleaved(
-        {k: (lambda f=f: f()) for k, f in steps.items()}, args.repeats
-    )
+    steps = {
+        text: compressor_overhead.step_function(
+            None if parsed is None else FACTORIES[parsed[0]](*parsed[1:])
+        )
+        for text, parsed in runs
+    }
+    times = _common.timeit_interleaved(steps, args.repeats)
     n = 25_000_000
     rng = np.random.default_rng(0)
     g = tf.constant(rng.standard_normal(n).astype("float32"))
