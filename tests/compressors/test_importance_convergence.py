@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import tfgc
 from models.lstm_lm import data as ptb_data
+from tests import replicated
 
 pytestmark = pytest.mark.slow
 
@@ -71,28 +72,12 @@ def _test_cross_entropy(strategy, compressor, seed=0):
         .repeat()
         .batch(BATCH, drop_remainder=True)
     )
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
     per_token = keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction="none"
     )
-
-    def step(inputs, labels):
-        with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(
-                per_token(labels, model(inputs, training=True)),
-                global_batch_size=BATCH,
-            )
-        variables = model.trainable_variables
-        optimizer.apply(tape.gradient(loss, variables), variables)
-
-    @tf.function
-    def run_steps(iterator, count):
-        for _ in tf.range(count):
-            strategy.run(step, args=next(iterator))
-
-    for _ in range(STEPS // 50):
-        run_steps(iterator, tf.constant(50))
-    assert int(optimizer.iterations.numpy()) == STEPS
+    replicated.train(
+        strategy, model, optimizer, dataset, per_token, STEPS, chunk=50
+    )
     for variable in model.trainable_variables:  # every replica the same
         copies = [v.numpy() for v in variable.value.values]
         for other in copies[1:]:

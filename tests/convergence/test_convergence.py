@@ -26,6 +26,7 @@ from sklearn.datasets import load_digits
 import tfgc
 from models.lstm_lm import data as ptb_data
 from models.lstm_lm import model as lstm_model
+from tests import replicated
 
 pytestmark = pytest.mark.slow
 
@@ -145,42 +146,6 @@ def test_redsync_threshold_one_percent_near_dense_momentum_sgd():
 
 # --- Training on 4 replicas -------------------------------------------------
 
-_CHUNK = 56  # digits steps per tf.function call; one epoch of 1,792 examples
-
-
-def _train_replicated(strategy, model, optimizer, dataset, per_example, steps):
-    """`steps` steps over `strategy`'s replicas of a hand-written loop.
-
-    `model.fit` under `MirroredStrategy` costs about 0.12 s per step here
-    (139 s for 1,140 dense digits steps) and `steps_per_execution` fails
-    there even without tfgc, so this loop runs up to 56 steps per
-    `tf.function` call. `dataset` yields global batches; `per_example`
-    maps (labels, logits) to one loss per example.
-    """
-    global_batch = int(dataset.element_spec[0].shape[0])
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
-
-    def step(inputs, labels):
-        with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(
-                per_example(labels, model(inputs, training=True)),
-                global_batch_size=global_batch,
-            )
-        variables = model.trainable_variables
-        optimizer.apply(tape.gradient(loss, variables), variables)
-
-    @tf.function
-    def run_steps(iterator, count):
-        for _ in tf.range(count):
-            strategy.run(step, args=next(iterator))
-
-    chunk = min(_CHUNK, steps)
-    for _ in range(steps // chunk):
-        run_steps(iterator, tf.constant(chunk))
-    if steps % chunk:
-        run_steps(iterator, tf.constant(steps % chunk))
-    assert int(optimizer.iterations.numpy()) == steps
-
 
 def _replicated_digits(
     strategy, compressor, communicator="auto", error_feedback=True, seed=0
@@ -216,7 +181,7 @@ def _replicated_digits(
     per_example = keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction="none"
     )
-    _train_replicated(strategy, model, optimizer, dataset, per_example, steps)
+    replicated.train(strategy, model, optimizer, dataset, per_example, steps)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     return float(loss(y, model(x))), optimizer.compression_stats()
 
@@ -392,7 +357,7 @@ def _replicated_ptb(strategy, compressor, error_feedback=True, seed=0):
     def per_example(labels, logits):
         return tf.reduce_mean(token_loss(labels, logits), axis=-1)
 
-    _train_replicated(
+    replicated.train(
         strategy, model, optimizer, dataset, per_example, PTB_STEPS
     )
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
