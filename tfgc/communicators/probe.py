@@ -6,7 +6,9 @@ beta), times threshold selection and decompression of a heavy-tailed
 tensor on this worker, and then averages every number over the workers
 with an all-reduce. Decisions made from the result are therefore the same
 on every worker, which they must be: a tensor sent dense by one worker and
-sparse by another would hang the collectives.
+sparse by another would hang the collectives. `collective_costs()` does
+the same for the planner (`compressor="auto"`): a line through two sizes
+of all-reduce and of all-gather, without a ring formula.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from tfgc import ops
 from tfgc.communicators import topology as topology_lib
 from tfgc.communicators.collectives import Group
 from tfgc.communicators.communicator import replica_id
+from tfgc.core.bucket_costs import CollectiveCosts, Line
 from tfgc.core.cost_model import CostModel
 
 #: Bytes of the two all-reduces the line is fitted to.
@@ -31,7 +34,9 @@ _DENSITY = 0.001
 _FIELDS = ("latency", "bandwidth", "select_time", "scatter_time")
 
 
-def _median_seconds(fn, repeats: int) -> float:
+def median_seconds(fn, repeats: int) -> float:
+    """The median wall time of `repeats` calls of `fn`, after one call
+    that traces and warms up."""
     fn()  # trace and warm up
     times = []
     for _ in range(repeats):
@@ -42,6 +47,12 @@ def _median_seconds(fn, repeats: int) -> float:
 
 
 def _all_reduce_fn(strategy, num_floats: int, options):
+    return _collective_fn(strategy, num_floats, options, "all_reduce")
+
+
+def _collective_fn(strategy, num_floats: int, options, method: str):
+    """A callable that runs one `Group` collective (`method`) of a float32
+    buffer of `num_floats` among all replicas and waits for it."""
     topology = topology_lib.current(strategy)
 
     @tf.function
@@ -50,7 +61,7 @@ def _all_reduce_fn(strategy, num_floats: int, options):
             group = Group(
                 topology, range(topology.num_replicas), replica_id(), options
             )
-            return group.all_reduce(tf.ones([num_floats], tf.float32))
+            return getattr(group, method)(tf.ones([num_floats], tf.float32))
 
         result = strategy.run(replica_fn)
         return strategy.experimental_local_results(result)[0][0]
@@ -78,7 +89,7 @@ def measure_local(
     latency, bandwidth = 0.0, float("inf")
     if p > 1:
         small, large = (
-            _median_seconds(
+            median_seconds(
                 _all_reduce_fn(strategy, size // 4, options), repeats
             )
             for size in SIZES
@@ -95,8 +106,8 @@ def measure_local(
     scatter = tf.function(
         lambda: ops.scatter_add_sum(values, indices, COMPUTE_ELEMENTS)
     )
-    select_time = _median_seconds(lambda: select().numpy(), repeats)
-    scatter_time = _median_seconds(lambda: scatter().numpy(), repeats)
+    select_time = median_seconds(lambda: select().numpy(), repeats)
+    scatter_time = median_seconds(lambda: scatter().numpy(), repeats)
     return CostModel(
         latency=latency,
         bandwidth=bandwidth if np.isfinite(bandwidth) else 1e30,
@@ -114,12 +125,27 @@ def agree(
 
     Every worker gets the same result (one all-reduce in float64).
     """
+    means = agree_values(
+        [getattr(local, f) for f in _FIELDS], strategy, options
+    )
+    return dataclasses.replace(
+        local, **{f: float(v) for f, v in zip(_FIELDS, means)}
+    )
+
+
+def agree_values(
+    values, strategy: tf.distribute.Strategy | None = None, options=None
+) -> np.ndarray:
+    """The mean over all replicas of each of this worker's `values`
+    (numbers), the same on every worker: one all-reduce in float64, whose
+    result every member receives alike. Call as `measure_local`."""
     strategy = strategy or tf.distribute.get_strategy()
     p = strategy.num_replicas_in_sync
+    mine = np.asarray(values, np.float64)
     if p == 1:
-        return local
+        return mine
     topology = topology_lib.current(strategy)
-    mine = tf.constant([getattr(local, f) for f in _FIELDS], dtype=tf.float64)
+    constant = tf.constant(mine)
 
     @tf.function
     def run():
@@ -127,14 +153,42 @@ def agree(
             group = Group(
                 topology, range(topology.num_replicas), replica_id(), options
             )
-            return group.all_reduce(tf.identity(mine))
+            return group.all_reduce(tf.identity(constant))
 
         result = strategy.run(replica_fn)
         return strategy.experimental_local_results(result)[0]
 
-    means = run().numpy() / p
-    return dataclasses.replace(
-        local, **{f: float(v) for f, v in zip(_FIELDS, means)}
+    return run().numpy() / p
+
+
+def collective_costs(
+    strategy: tf.distribute.Strategy | None = None,
+    repeats: int = 5,
+    options=None,
+) -> CollectiveCosts:
+    """Lines through this cluster's all-reduce and all-gather times at the
+    two buffer sizes of `SIZES` (median of `repeats`), averaged over the
+    workers so that every worker gets the same (`agree_values`).
+
+    Call in a cross-replica context, outside `tf.function`, on every
+    worker at the same time. With one replica nothing is communicated:
+    both lines are zero.
+    """
+    strategy = strategy or tf.distribute.get_strategy()
+    if strategy.num_replicas_in_sync == 1:
+        return CollectiveCosts(Line(0.0, 0.0), Line(0.0, 0.0))
+    times = [
+        median_seconds(
+            _collective_fn(strategy, size // 4, options, method), repeats
+        )
+        for method in ("all_reduce", "all_gather")
+        for size in SIZES
+    ]
+    times = agree_values(times, strategy, options)
+    small, large = SIZES
+    return CollectiveCosts(
+        Line.through(small, times[0], large, times[1]),
+        Line.through(small, times[2], large, times[3]),
     )
 
 

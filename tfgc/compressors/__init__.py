@@ -11,6 +11,7 @@ import difflib
 import keras
 
 from tfgc.compressors.acpsgd import ACPSGD
+from tfgc.compressors.auto import Auto
 from tfgc.compressors.base import check_density
 from tfgc.compressors.dense import BF16, FP16, DenseWarmup, Identity
 from tfgc.compressors.error_feedback import ErrorFeedback
@@ -32,6 +33,7 @@ from tfgc.core.wire import (
 )
 
 _BY_NAME = {
+    "auto": Auto,
     "identity": Identity,
     "none": Identity,
     "fp16": FP16,
@@ -91,6 +93,7 @@ __all__ = [
     "ALL_GATHER",
     "ALL_GATHER_RAGGED",
     "ALL_REDUCE",
+    "Auto",
     "BF16",
     "BROADCAST",
     "Compressor",

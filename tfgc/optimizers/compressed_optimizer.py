@@ -15,10 +15,12 @@ from tfgc import compressors as compressors_lib
 from tfgc.communicators import topology as topology_lib
 from tfgc.optimizers import (
     accumulation,
+    auto_plan,
     checks,
     fused_apply,
     local_rounds,
     non_finite,
+    plan_clock,
     planning,
     replica_state,
     statistics,
@@ -52,7 +54,9 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
     Args:
         inner_optimizer: the `keras.optimizers.Optimizer` to wrap.
         compressor: a `tfgc.compressors.Compressor`, a name ("topk") or a
-            Keras config dict.
+            Keras config dict; "auto" (or `tfgc.compressors.Auto(...)`):
+            a codec per bucket, the one predicted fastest from
+            measurements of this cluster at build (`plan`).
         error_feedback: keep what was not sent and add it to the next step's
             gradient (a per-worker residual per compressed variable).
         communicator: "auto" (all-reduce for linear payloads, all-gather for
@@ -132,6 +136,8 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         checks.check_combination(
             self.compressor, self.communicator, error_feedback, inner_optimizer
         )
+        if isinstance(self.compressor, compressors_lib.Auto):
+            auto_plan.check_communicator(self.compressor, self.communicator)
         # Last, so that a refused configuration leaves the user's optimizer
         # as it was. Both act only inside this wrapper's calls.
         _keras_compat.sum_gradients_unless_summed(inner_optimizer)
@@ -155,10 +161,24 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         self.communicator.build(topology)
         net = planning.network(self.compressor, self.communicator)
         self._network_cost = net.cost
+        settings = planning.Settings.of(self)
+        chosen = None
+        self._auto_plan = None
+        if isinstance(self.compressor, compressors_lib.Auto):
+            self._auto_plan = auto_plan.make(
+                settings, var_list, self.communicator, self.bucket_bytes
+            )
+            chosen = auto_plan.per_variable(self._auto_plan, len(var_list))
+            if (
+                self.compressor.verbose
+                and self._strategy.extended.should_checkpoint
+            ):
+                print(self._auto_plan.table(), flush=True)
         self._plans = planning.make_plans(
-            planning.Settings.of(self), var_list, net, self.add_variable
+            settings, var_list, net, self.add_variable, chosen
         )
         self._counters = statistics.Counters.create(self.add_variable)
+        self._timing = self._plan_timing()
         self._dense_bytes = planning.dense_bytes(var_list)
         self._fusion = (
             fused_apply.Fusion.of(self.inner_optimizer, var_list)
@@ -314,6 +334,34 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         if not self.built:
             return 0
         return int(self._counters.skipped_steps.numpy())
+
+    def _plan_timing(self):
+        """The timing of a measured plan's exchanges, else None."""
+        plan = self._auto_plan
+        if plan is None or plan.collectives is None:
+            return None
+        clock = plan_clock.Clock.create(self.add_variable, len(plan.buckets))
+        predicted = tuple(b.seconds[b.choice] for b in plan.buckets)
+        return plan_clock.Timing(clock, predicted, self.compressor.check_after)
+
+    def plan_report(self):
+        """With a measured `plan`: its predicted exchange against the
+        measured one, means over the steps so far (`PlanReport`: `text()`,
+        `error`); None before any step was counted or without such a
+        plan. Call outside `tf.function`."""
+        timing = getattr(self, "_timing", None)
+        if timing is None:
+            return None
+        return plan_clock.report(
+            [v.numpy() for v in timing.clock.sums()], timing.predicted
+        )
+
+    @property
+    def plan(self):
+        """With `compressor="auto"`, the `AutoPlan` made at build: each
+        bucket's codec, its predicted times, `table()` and `choices`
+        (None otherwise, or before build)."""
+        return getattr(self, "_auto_plan", None)
 
     @property
     def network_cost(self):

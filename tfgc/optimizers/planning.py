@@ -36,6 +36,9 @@ class Plan(NamedTuple):
         accumulator: the sum of this worker's gradients since the last
             exchange, when the inner optimizer accumulates gradients; else
             None.
+        bucket: the exchange bucket the planner put the variable in
+            (`tfgc.compressors.Auto`); None: the exchange cuts buckets
+            itself.
     """
 
     phases: tuple[Compressor, ...]
@@ -45,6 +48,7 @@ class Plan(NamedTuple):
     seed: int
     round_start: object = None
     accumulator: object = None
+    bucket: int | None = None
 
     @property
     def compressor(self) -> Compressor:
@@ -147,7 +151,8 @@ def network(compressor: Compressor, communicator) -> Network:
 def compressors_for(
     settings: Settings, variable, part, net: Network
 ) -> tuple[tuple[Compressor, ...], Compressor]:
-    """(phases, warm-up compressor) for one variable's gradient."""
+    """(phases, warm-up compressor) for one variable's gradient under
+    `settings.compressor`."""
     compressor = settings.compressor
     shape, dtype = tuple(variable.shape), variable.dtype
     if (
@@ -171,19 +176,36 @@ def compressors_for(
 
 
 def make_plans(
-    settings: Settings, var_list, net: Network, add_variable: Callable
+    settings: Settings,
+    var_list,
+    net: Network,
+    add_variable: Callable,
+    chosen: list | None = None,
 ) -> list[Plan]:
     """A `Plan` per variable, its state in variables from `add_variable`
-    (the optimizer's), each replica keeping its own value."""
+    (the optimizer's), each replica keeping its own value. `chosen`: per
+    variable, (compressor, bucket) from the planner, or (None, None) for
+    `settings.compressor` in the exchange's own buckets."""
+    chosen = chosen or [(None, None)] * len(var_list)
     return [
-        _plan(settings, index, variable, net, add_variable)
+        _plan(settings, index, variable, net, add_variable, *chosen[index])
         for index, variable in enumerate(var_list)
     ]
 
 
-def _plan(settings: Settings, index: int, variable, net, add_variable):
+def _plan(
+    settings: Settings,
+    index: int,
+    variable,
+    net,
+    add_variable,
+    compressor=None,
+    bucket=None,
+):
     shape = tuple(variable.shape)
     part = settings.communicator.compressed_shape(shape)
+    if compressor is not None:
+        settings = settings._replace(compressor=compressor)
     phases, warmup = compressors_for(settings, variable, part, net)
     seed = settings.seed * 1_000_003 + index
     initial = phases[0].init_state(part, variable.dtype, key(seed, INIT_STEP))
@@ -218,7 +240,7 @@ def _plan(settings: Settings, index: int, variable, net, add_variable):
         accumulator = own("accumulated")
     return Plan(
         phases, warmup, initial, state_variables, seed, round_start,
-        accumulator,
+        accumulator, bucket,
     )  # fmt: skip
 
 

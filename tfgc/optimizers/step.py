@@ -11,8 +11,9 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from tfgc.communicators import exchange as communicator_exchange
+from tfgc.communicators.communicator import replica_id
 from tfgc.core.wire import Traffic, no_traffic
-from tfgc.optimizers import planning
+from tfgc.optimizers import plan_clock, planning
 
 # What `no_overlap` has said in this process.
 _SAID: set[str] = set()
@@ -53,9 +54,12 @@ class Steps(NamedTuple):
             optimizer.bucket_bytes,
             optimizer._plans_of,
         )
+        timing = optimizer._timing
         return cls(
-            functools.partial(exchange, *bound),
-            functools.partial(exchange_in_buckets, *bound, agree_finite=True),
+            functools.partial(exchange, *bound, timing=timing),
+            functools.partial(
+                exchange_in_buckets, *bound, agree_finite=True, timing=timing
+            ),
             optimizer._inner_apply,
             count,
             optimizer._plans_of,
@@ -90,11 +94,11 @@ def plain(steps: Steps, grads, trainable_variables, step) -> None:
     )
 
 
-def exchange(*args) -> Exchanged:
+def exchange(*args, **kwargs) -> Exchanged:
     """Compresses, exchanges and decompresses `tensors` (None skipped) and
-    writes the compressors' new states: `exchange_in_buckets(*args)`
-    without the non-finite guard."""
-    result = exchange_in_buckets(*args, agree_finite=False)
+    writes the compressors' new states: `exchange_in_buckets` without the
+    non-finite guard."""
+    result = exchange_in_buckets(*args, agree_finite=False, **kwargs)
     commit(result.plans, result.states)
     return result
 
@@ -143,13 +147,15 @@ def exchange_in_buckets(
     trainable_variables,
     step,
     agree_finite: bool,
+    timing: plan_clock.Timing | None = None,
 ) -> Exchanged:
     """The tensors travel in buckets of about `bucket_bytes` (None: all in
-    one exchange; a compressor's own size wins), filled from the last
-    tensor backwards. Each bucket is an exchange of its own
-    (`_exchange_bucket`) that reads only its own tensors, so TensorFlow's
-    executor starts it as soon as they exist, while the backward pass
-    still computes the earlier layers' gradients; its ops are named
+    one exchange; a compressor's own size wins; the planner's buckets
+    where it made them), filled from the last tensor backwards. Each
+    bucket is an exchange of its own (`_exchange_bucket`) that reads only
+    its own tensors, so TensorFlow's executor starts it as soon as they
+    exist, while the backward pass still computes the earlier layers'
+    gradients; its ops are named
     `tfgc_bucket_<n>/...`.
 
     With `agree_finite` (the non-finite guard), each bucket also gathers
@@ -158,15 +164,23 @@ def exchange_in_buckets(
     pass), and compresses zeros in place of a tensor with NaN or Inf,
     which the compressors never see; the caller commits the new states
     only if every verdict is finite.
+
+    With `timing` (a plan's), the buckets' exchanges are timed
+    (`plan_clock`).
     """
     present, plans = plans_of(tensors, trainable_variables)
     out = list(tensors)
     if not present:
         return Exchanged(out, no_traffic(), None, [], [], [], [])
     step = tf.cast(step, tf.int64)
-    groups = communicator_exchange.phase_buckets(
-        _phases(plans), [tensors[i] for i in present], bucket_bytes
-    )
+    groups = _groups(plans, [tensors[i] for i in present], bucket_bytes)
+    ready = None
+    if timing is not None and len(groups) == len(timing.predicted):
+        # All before any exchange: see plan_clock.
+        ready = [
+            plan_clock.stamp_after([tensors[present[j]] for j in group])
+            for group in groups
+        ]
     traffic, verdicts, columns = no_traffic(), [], []
     done_plans, states, buckets = [], [], []
     for number, group in enumerate(groups):
@@ -195,8 +209,25 @@ def exchange_in_buckets(
         done_plans += [plans[j] for j in group]
         states += new_states
         traffic = Traffic(*(a + b for a, b in zip(traffic, more)))
+    if ready is not None:
+        done = [plan_clock.stamp_after([out[i] for i in b]) for b in buckets]
+        plan_clock.finish(timing, ready, done, replica_id() == 0)
     joined = tf.concat(verdicts, axis=1) if verdicts else None
     return Exchanged(out, traffic, joined, columns, done_plans, states, buckets)
+
+
+def _groups(plans, tensors, bucket_bytes) -> list[list[int]]:
+    """The buckets of `tensors` (positions in `plans`): the planner's
+    where it made them (`Plan.bucket`), else cut by `bucket_bytes` and
+    the compressors' own sizes, both from the last tensor backwards."""
+    if plans[0].bucket is None:
+        return communicator_exchange.phase_buckets(
+            _phases(plans), tensors, bucket_bytes
+        )
+    by_bucket: dict[int, list[int]] = {}
+    for j in reversed(range(len(plans))):
+        by_bucket.setdefault(plans[j].bucket, []).append(j)
+    return [by_bucket[b] for b in sorted(by_bucket)]
 
 
 def _phases(plans) -> list[list]:

@@ -1,0 +1,403 @@
+"""`compressor="auto"`: the planner's cost model, its choices from given
+costs, its measurements on replicas, and training by its plan."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tfgc
+from tests.optimizers.test_buckets import _fit
+from tfgc import communicators, compressors
+from tfgc.core import bucket_costs
+from tfgc.core.bucket_costs import (
+    CodecCosts,
+    CollectiveCosts,
+    Line,
+    TensorLoad,
+)
+from tfgc.optimizers import auto_plan, plan_clock, planning
+
+AR, AG = compressors.ALL_REDUCE, compressors.ALL_GATHER
+
+
+# --- the cost model ---------------------------------------------------------
+
+
+def test_a_line_through_two_points_is_never_below_zero():
+    line = Line.through(10, 2.0, 110, 7.0)
+    assert line == pytest.approx((1.5, 0.05))
+    assert line(30) == pytest.approx(3.0)
+    # A slower small point (noise) gives a flat line, not a negative slope.
+    assert Line.through(10, 5.0, 110, 4.0) == (5.0, 0.0)
+    assert Line.through(10, 0.0, 110, 100.0).fixed == 0.0
+
+
+def test_codec_costs_are_solved_from_two_workloads():
+    truth = CodecCosts(per_tensor=2e-4, per_element=3e-9)
+    one = (1, 2**20, truth.seconds(1, 2**20))
+    many = (16, 16 * 4096, truth.seconds(16, 16 * 4096))
+    assert CodecCosts.solve(one, many) == pytest.approx(truth)
+
+
+def test_a_buckets_seconds_add_its_codec_and_one_collective_per_round():
+    links = CollectiveCosts(Line(1e-3, 1e-9), Line(2e-3, 4e-9))
+    codec = CodecCosts(1e-4, 1e-8)
+    # Two compressed tensors gathered, one dense tensor all-reduced.
+    loads = [
+        TensorLoad(AG, 1, 800, 1000),
+        TensorLoad(AG, 1, 200, 3000),
+        TensorLoad(AR, 1, 4000, 0),
+    ]
+    expected = (2e-4 + 4000e-8) + (2e-3 + 1000 * 4e-9) + (1e-3 + 4000e-9)
+    assert bucket_costs.bucket_seconds([loads], codec, links) == (
+        pytest.approx(expected)
+    )
+    # Two rounds (PowerSGD): two all-reduces, the bytes split between them.
+    two = [TensorLoad(AR, 2, 1000, 100)]
+    expected = codec.seconds(1, 100) + 2 * (1e-3 + 500e-9)
+    assert bucket_costs.bucket_seconds([two], codec, links) == (
+        pytest.approx(expected)
+    )
+    # Phases (ACP-SGD's P and Q steps): their mean.
+    p, q = [TensorLoad(AR, 1, 100, 10)], [TensorLoad(AR, 1, 300, 10)]
+    mean = bucket_costs.bucket_seconds([p, q], codec, links)
+    assert mean == pytest.approx(
+        (
+            bucket_costs.bucket_seconds([p], codec, links)
+            + bucket_costs.bucket_seconds([q], codec, links)
+        )
+        / 2
+    )
+
+
+def test_buckets_go_on_the_wire_one_after_another():
+    # The second bucket is ready early and waits for the first.
+    assert bucket_costs.pipelined_seconds([0.0, 0.1], [1.0, 1.0]) == 2.0
+    # The second is ready late: the wire waits for it.
+    assert bucket_costs.pipelined_seconds([0.0, 5.0], [1.0, 1.0]) == 6.0
+
+
+# --- the Auto argument ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "candidate, match",
+    [
+        (compressors.SBC(0.01), "weight updates"),
+        (compressors.RedSync(0.01, cost_model=None), "momentum|one fixed"),
+        (compressors.ImportancePruning(0.01), "reads the weights"),
+        (compressors.PowerSGD(rank=2, warmup_steps=5), "warm-up"),
+    ],
+)
+def test_auto_refuses_what_it_cannot_predict(candidate, match):
+    with pytest.raises(ValueError, match=match):
+        compressors.Auto(candidates=["identity", candidate])
+
+
+def test_auto_checks_its_arguments():
+    with pytest.raises(ValueError, match="at least one"):
+        compressors.Auto(candidates=[])
+    with pytest.raises(ValueError, match="differ"):
+        compressors.Auto(candidates=["topk", "topk"])
+    with pytest.raises(ValueError, match="indices into `candidates`"):
+        compressors.Auto(candidates=["identity", "topk"], choices=[0, 2])
+    with pytest.raises(ValueError, match="min_speedup"):
+        compressors.Auto(min_speedup=0.5)
+    with pytest.raises(TypeError, match="not a codec"):
+        compressors.Auto().compress(None, None, None)
+
+
+def test_auto_is_saved_with_the_optimizer():
+    auto = compressors.Auto(
+        candidates=["identity", compressors.TopK(0.001)],
+        choices=[1, 0],
+        min_speedup=1.2,
+    )
+    opt = tfgc.CompressedOptimizer(keras.optimizers.SGD(0.1), auto)
+    again = tfgc.CompressedOptimizer.from_config(opt.get_config())
+    assert again.compressor == auto
+    assert again.compressor.candidates[1] == compressors.TopK(0.001)
+    by_name = tfgc.CompressedOptimizer(keras.optimizers.SGD(0.1), "auto")
+    assert by_name.compressor == compressors.Auto()
+    assert [type(c).__name__ for c in by_name.compressor.candidates] == [
+        "Identity",
+        "FP16",
+        "TopK",
+        "MSTopK",
+        "PowerSGD",
+        "ACPSGD",
+    ]
+
+
+def test_auto_refuses_communicators_it_cannot_plan_for():
+    sgd = keras.optimizers.SGD(0.1)
+    with pytest.raises(ValueError, match="flat exchanges"):
+        tfgc.CompressedOptimizer(sgd, "auto", communicator="hierarchical")
+    with pytest.raises(ValueError, match="cannot carry"):
+        tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.1), "auto", communicator="allreduce"
+        )
+    # All-reduced candidates only: accepted.
+    tfgc.CompressedOptimizer(
+        keras.optimizers.SGD(0.1),
+        compressors.Auto(candidates=["identity", "fp16", "powersgd"]),
+        communicator="allreduce",
+    )
+
+
+# --- choices from given costs -----------------------------------------------
+
+
+class _Variable:
+    def __init__(self, *shape):
+        self.shape = shape
+        self.dtype = "float32"
+
+
+def _choose(candidates, collectives, codecs):
+    """The choices for a 2048 x 2048 kernel and a 16-element bias among 4
+    workers, each in a bucket of its own, every tensor compressed."""
+
+    class FourWorkers(type(communicators.get("auto"))):
+        num_peers = 4
+
+    auto = compressors.Auto(candidates=candidates)
+    flat = FourWorkers()
+    settings = planning.Settings(auto, flat, True, 0, 0, 0)
+    variables = [_Variable(2048, 2048), _Variable(16)]
+    return auto_plan.choose(
+        settings, variables, [[1], [0]], flat, collectives, codecs
+    )
+
+
+TOPK = compressors.TopK(0.01)
+CHEAP_TOPK = (CodecCosts(0.0, 0.0), CodecCosts(1e-5, 1e-9))
+
+
+def test_a_slow_link_compresses_large_buckets_and_not_small_ones():
+    slow = CollectiveCosts(Line(1e-4, 8e-8), Line(1e-4, 8e-8))  # 100 Mbit/s
+    small, large = _choose(["identity", TOPK], slow, CHEAP_TOPK)
+    assert large.choice == 1  # 16 MiB: 1.3 s dense against 18 ms sparse
+    assert small.choice == 0  # 16 elements: TopK only adds its own time
+    assert large.seconds[0] == pytest.approx(1e-4 + 8e-8 * 2048 * 2048 * 4)
+    assert large.dense_seconds == pytest.approx(large.seconds[0])
+
+
+def test_a_fast_link_keeps_every_bucket_dense():
+    fast = CollectiveCosts(Line(1e-5, 1e-11), Line(1e-5, 1e-11))
+    codecs = (CodecCosts(0.0, 0.0), CodecCosts(1e-5, 1e-9))
+    assert [b.choice for b in _choose(["identity", TOPK], fast, codecs)] == [
+        0,
+        0,
+    ]
+
+
+def test_a_compressor_that_is_barely_faster_leaves_the_bucket_dense():
+    link = CollectiveCosts(Line(0.0, 1e-9), Line(0.0, 1e-9))
+    dense_time = 1e-9 * 2048 * 2048 * 4
+    # TopK's own time brings it to 0.98x dense: within min_speedup (1.05).
+    sparse_bytes = TOPK.payload_bytes((2048, 2048), "float32")
+    per_element = (0.98 * dense_time - 1e-9 * sparse_bytes) / (2048 * 2048)
+    codecs = (CodecCosts(0.0, 0.0), CodecCosts(0.0, per_element))
+    _, large = _choose(["identity", TOPK], link, codecs)
+    assert large.seconds[1] == pytest.approx(0.98 * large.seconds[0])
+    assert large.choice == 0
+
+
+# --- on replicas --------------------------------------------------------------
+
+
+def _model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential(
+        [
+            keras.Input((12,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(4),
+        ]
+    )
+
+
+def test_auto_measures_the_replicas_and_prints_its_table(mirrored, capsys):
+    with mirrored.scope():
+        model = _model()
+        opt = tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.1),
+            compressors.Auto(candidates=["identity", TOPK]),
+            bucket_bytes=600,
+        )
+        opt.build(model.trainable_variables)
+    plan = opt.plan
+    assert plan.num_peers == 4
+    assert plan.collectives.all_reduce.slope > 0
+    assert len(plan.codecs) == 2
+    assert plan.codecs[1].per_element > 0  # a selection costs something
+    # Buckets of 600 bytes from the last variable: the last two layers'
+    # biases and the last kernel (336 bytes), then a tensor each.
+    assert [b.variables for b in plan.buckets] == [(5, 4, 3), (2,), (1,), (0,)]
+    for bucket in plan.buckets:
+        assert len(bucket.seconds) == 2
+        assert bucket.choice == auto_plan.pick(opt.compressor, bucket.seconds)
+    printed = capsys.readouterr().out
+    assert "| bucket | tensors | elements | MiB | Identity ms" in printed
+    assert plan.table() in printed
+    # The plan's compressors are the optimizer's.
+    for bucket in plan.buckets:
+        for i in bucket.variables:
+            compressor = opt._plans[i].compressor
+            chosen = plan.candidates[bucket.choice]
+            assert compressor == chosen or (
+                compressor == compressors.ErrorFeedback(chosen)
+            )
+
+
+def _auto(choices):
+    return lambda: compressors.Auto(
+        candidates=["identity", compressors.TopK(0.1)], choices=choices
+    )
+
+
+def test_a_plan_of_one_codec_trains_as_that_codec(mirrored):
+    """Given choices, nothing is measured, and the weights are bit for bit
+    those of the fixed compressor in the same buckets."""
+    for choice, fixed in ((0, compressors.Identity), (1, _topk)):
+        planned = _fit(mirrored, _auto([choice] * 4), 600, {})
+        alone = _fit(mirrored, fixed, 600, {})
+        for a, b in zip(planned, alone):
+            np.testing.assert_array_equal(a, b)
+
+
+def _topk():
+    return compressors.TopK(0.1)
+
+
+def test_a_mixed_plan_sends_each_bucket_by_its_codec(mirrored):
+    with mirrored.scope():
+        model = _model()
+        opt = tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.1),
+            _auto([1, 0, 1, 0])(),
+            min_compress_size=0,
+            bucket_bytes=600,
+        )
+        model.compile(opt, "mse")
+    x = np.random.default_rng(0).normal(size=(32, 12)).astype("float32")
+    model.fit(x, np.zeros((32, 4)), batch_size=32, epochs=1, verbose=0)
+    assert opt.plan.reason == "given"
+    assert opt.plan.collectives is None
+    kinds = [type(p.compressor).__name__ for p in opt._plans]
+    # Bucket 0 holds variables 5, 4 and 3, bucket 1 variable 2, and so on.
+    assert kinds == [
+        "Identity",
+        "ErrorFeedback",
+        "Identity",
+        "ErrorFeedback",
+        "ErrorFeedback",
+        "ErrorFeedback",
+    ]
+    sent = opt.compression_stats()["sent_bytes"]
+    dense = opt.compression_stats()["dense_bytes"]
+    assert 0 < sent < dense
+
+
+def test_choices_for_another_model_are_refused(mirrored):
+    with mirrored.scope():
+        model = _model()
+        opt = tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.1), _auto([0, 1])(), bucket_bytes=600
+        )
+        with pytest.raises(ValueError, match="names 2 buckets.*make 4"):
+            opt.build(model.trainable_variables)
+
+
+def test_one_worker_sends_dense_without_measuring():
+    model = _model()
+    opt = tfgc.CompressedOptimizer(
+        keras.optimizers.SGD(0.1),
+        compressors.Auto(candidates=[TOPK, "identity"], verbose=False),
+    )
+    opt.build(model.trainable_variables)
+    assert opt.plan.choices == (1,)
+    assert opt.plan.reason == "one worker, nothing to exchange"
+
+
+# --- measured against predicted -----------------------------------------------
+
+
+def _clock(buckets):
+    def add_variable(shape, dtype, aggregation, name):
+        del aggregation
+        return tf.Variable(tf.zeros(shape, dtype), name=name)
+
+    return plan_clock.Clock.create(add_variable, buckets)
+
+
+def test_the_clock_times_each_bucket_from_when_it_could_start():
+    clock = _clock(2)
+    # Exchanges 10 s apart; bucket 1 ready 1 s after bucket 0, which is
+    # on the wire until 3 s after its ready stamp; bucket 1 done at 4 s.
+    for n in range(plan_clock.SETTLE + 2):
+        t = 10.0 * n
+        stamps = tf.constant([[t, t + 1.0], [t + 3.0, t + 4.0]], tf.float64)
+        plan_clock.record(clock, tf.unstack(stamps[0]), tf.unstack(stamps[1]))
+    found = plan_clock.report(
+        [v.numpy() for v in clock.sums()], predicted=(1.0, 0.5)
+    )
+    assert found.exchanges == 2
+    assert found.step == pytest.approx(10.0)
+    assert found.busy == pytest.approx((3.0, 1.0))  # 1 waited for 0
+    assert found.exposed == pytest.approx(3.0)  # 4 s - the last ready
+    # Predicted: bucket 0 from 0 to 1 s, bucket 1 from 1 to 1.5 s.
+    assert found.predicted_exposed == pytest.approx(0.5)
+    assert found.predicted_step == pytest.approx(10.0 - 3.0 + 0.5)
+    assert found.error == pytest.approx(-0.25)
+
+
+def test_a_prediction_far_off_is_warned_about():
+    off = plan_clock.PlanReport(10, 1.0, 1.3, (0.5,), (0.8,), 0.2, 0.5)
+    with pytest.warns(UserWarning, match=r"predicted 1300.0 ms \(\+30 %\)"):
+        plan_clock.warn_if_off(off)
+    close = off._replace(predicted_step=1.2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plan_clock.warn_if_off(close)
+        plan_clock.warn_if_off(None)
+
+
+def test_training_times_the_plans_buckets(mirrored, monkeypatch):
+    """Every bucket timed in every step after the first few; the check
+    runs once, when due (here made to warn whatever it finds)."""
+    monkeypatch.setattr(plan_clock, "TOLERANCE", -1.0)
+    steps = plan_clock.SETTLE + 4
+    with mirrored.scope():
+        model = _model()
+        opt = tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.1),
+            compressors.Auto(
+                candidates=["identity", TOPK], check_after=2, verbose=False
+            ),
+            bucket_bytes=600,
+        )
+        model.compile(opt, "mse")
+    x = np.random.default_rng(0).normal(size=(32 * steps, 12))
+    with pytest.warns(UserWarning, match="over 2 steps") as caught:
+        model.fit(
+            x.astype("float32"),
+            np.zeros((32 * steps, 4)),
+            batch_size=32,
+            epochs=1,
+            verbose=0,
+        )
+    assert len([w for w in caught if "tfgc Auto plan" in str(w.message)]) == 1
+    found = opt.plan_report()
+    assert found.exchanges == steps - plan_clock.SETTLE
+    assert found.step > 0
+    assert len(found.busy) == len(opt.plan.buckets)
+    assert all(b >= 0 for b in found.busy)
+    assert found.predicted_busy == tuple(
+        b.seconds[b.choice] for b in opt.plan.buckets
+    )

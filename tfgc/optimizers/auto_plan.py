@@ -1,0 +1,464 @@
+"""The planner behind `tfgc.compressors.Auto`: a codec per exchange bucket,
+chosen from measurements of this cluster, the same on every worker.
+
+When the optimizer is built, the gradients are cut into buckets as the
+exchange cuts them (`bucket_bytes`, from the last variable backwards).
+The planner then measures this cluster's all-reduce and all-gather
+(`probe.collective_costs`) and each candidate's compute on this device
+(compress, local decompress and error feedback, on two synthetic
+workloads of heavy-tailed values), averages every number over the
+workers, predicts each bucket's exchange time under every candidate
+(`tfgc.core.bucket_costs`) and gives the bucket the fastest, unless
+that one compresses and is within `Auto.min_speedup` of the fastest
+dense one. Every worker computes the same choices from the same
+numbers.
+
+See docs/algorithms.md, "The planner".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from tfgc import compressors as compressors_lib
+from tfgc.communicators import exchange, probe
+from tfgc.communicators import topology as topology_lib
+from tfgc.communicators.collectives import Group
+from tfgc.communicators.hierarchical import Hierarchical
+from tfgc.core import bucket_costs
+from tfgc.core.bucket_costs import CodecCosts, CollectiveCosts, TensorLoad
+from tfgc.core.compressor import Compressor, Network
+from tfgc.core.wire import ALL_REDUCE, num_elements
+from tfgc.optimizers import planning
+
+#: The two workloads each candidate's compute is timed on: one large
+#: matrix, and many small ones (per-tensor costs).
+WORKLOADS = (((1024, 1024),), ((64, 64),) * 16)
+#: Timed calls per workload (their median counts).
+REPEATS = 5
+
+
+class BucketChoice(NamedTuple):
+    """One bucket of the plan.
+
+    Attributes:
+        variables: indices of its variables in the optimizer's list, in
+            exchange order (last first).
+        elements: its gradients' elements.
+        nbytes: its gradients' bytes.
+        seconds: per candidate, its predicted exchange seconds (empty
+            where the choices were given, not measured).
+        dense_seconds: its predicted exchange seconds in dense fp32 (None
+            where nothing was measured).
+        choice: the index of its candidate.
+    """
+
+    variables: tuple[int, ...]
+    elements: int
+    nbytes: int
+    seconds: tuple[float, ...]
+    dense_seconds: float | None
+    choice: int
+
+
+class AutoPlan(NamedTuple):
+    """The codec of every bucket, and why (`table()`).
+
+    Attributes:
+        candidates: the candidates, as `Auto` holds them.
+        buckets: one `BucketChoice` per bucket, in exchange order.
+        num_peers: the workers that exchange the gradients.
+        collectives: the measured collective costs (None: not measured).
+        codecs: per candidate, its measured compute (empty: not measured).
+        reason: how the choices were made, in words.
+    """
+
+    candidates: tuple[Compressor, ...]
+    buckets: tuple[BucketChoice, ...]
+    num_peers: int
+    collectives: CollectiveCosts | None
+    codecs: tuple[CodecCosts, ...]
+    reason: str
+
+    @property
+    def choices(self) -> tuple[int, ...]:
+        """Per bucket, the index of its candidate: `Auto(choices=...)`
+        keeps this plan in another run."""
+        return tuple(b.choice for b in self.buckets)
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return labels(self.candidates)
+
+    def predicted_seconds(self) -> float | None:
+        """Predicted exchange seconds per step of the chosen codecs, the
+        buckets one after another (None: not measured)."""
+        if self.collectives is None:
+            return None
+        return sum(b.seconds[b.choice] for b in self.buckets)
+
+    def predicted_dense_seconds(self) -> float | None:
+        """The same in dense fp32 (None: not measured)."""
+        if self.collectives is None:
+            return None
+        return sum(b.dense_seconds for b in self.buckets)
+
+    def table(self) -> str:
+        """The plan as a Markdown table, with its totals."""
+        names = self.labels
+        measured = self.collectives is not None
+        head = ["bucket", "tensors", "elements", "MiB"]
+        if measured:
+            head += [f"{n} ms" for n in names] + ["dense fp32 ms"]
+        head.append("choice")
+        rows = [
+            f"tfgc Auto plan, {self.num_peers} workers, "
+            f"{len(self.buckets)} buckets: {self.reason}.",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
+        for number, b in enumerate(self.buckets):
+            cells = [
+                str(number),
+                str(len(b.variables)),
+                f"{b.elements:,}",
+                f"{b.nbytes / 2**20:.2f}",
+            ]
+            if measured:
+                cells += [f"{1e3 * s:.2f}" for s in b.seconds]
+                cells.append(f"{1e3 * b.dense_seconds:.2f}")
+            cells.append(names[b.choice])
+            rows.append("| " + " | ".join(cells) + " |")
+        if measured:
+            chosen = self.predicted_seconds()
+            dense = self.predicted_dense_seconds()
+            speedup = dense / chosen if chosen > 0 else float("inf")
+            rows.append(
+                f"Predicted exchange per step, buckets one after another: "
+                f"{1e3 * chosen:.2f} ms; dense fp32 {1e3 * dense:.2f} ms "
+                f"({speedup:.2f}x)."
+            )
+        return "\n".join(rows)
+
+
+def labels(candidates: Sequence[Compressor]) -> tuple[str, ...]:
+    """A short name per candidate: its class, or its repr where two
+    candidates share a class."""
+    kinds = [type(c).__name__ for c in candidates]
+    return tuple(
+        kind if kinds.count(kind) == 1 else repr(c)
+        for kind, c in zip(kinds, candidates)
+    )
+
+
+def check_communicator(auto, communicator) -> None:
+    """Refuses a communicator the planner cannot predict, or one that
+    cannot carry a candidate's payloads (before anything is measured)."""
+    if isinstance(communicator, Hierarchical):
+        raise ValueError(
+            "compressor='auto' plans flat exchanges only; the hierarchical "
+            "communicator compresses between hosts. Use communicator="
+            "'auto', or a fixed compressor with 'hierarchical'."
+        )
+    for candidate in auto.candidates:
+        for collective in candidate.spec.collectives:
+            if not communicator.supports(collective):
+                raise ValueError(
+                    f"Auto's candidate {candidate!r} sends a payload that "
+                    f"needs {collective!r}, which communicator "
+                    f"{communicator.name!r} cannot carry. Leave it out of "
+                    "`candidates` or use communicator='auto'."
+                )
+
+
+class _Stub(NamedTuple):
+    """What planning reads of a variable, for a synthetic workload."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+def buckets(var_list, bucket_bytes: int | None) -> list[list[int]]:
+    """The exchange's buckets of the variables whose gradients travel,
+    as indices into `var_list` (`exchange.buckets` by gradient bytes)."""
+    travel = [
+        i
+        for i, v in enumerate(var_list)
+        if not planning.overwrites_with_gradient(v)
+    ]
+    specs = [
+        tf.TensorSpec(tuple(var_list[i].shape), var_list[i].dtype)
+        for i in travel
+    ]
+    identity = [compressors_lib.Identity()] * len(specs)
+    groups = exchange.buckets(identity, specs, bucket_bytes)
+    return [[travel[j] for j in group] for group in groups]
+
+
+def _loads(settings, candidate, variables, communicator, num_peers):
+    """Per phase of `candidate`, a `TensorLoad` per variable."""
+    chosen = settings._replace(compressor=candidate)
+    net = Network(num_peers, None)
+    per_variable = []
+    for variable in variables:
+        shape = tuple(variable.shape)
+        part = communicator.compressed_shape(shape)
+        phases, _ = planning.compressors_for(chosen, variable, part, net)
+        per_variable.append((phases, part, variable.dtype))
+    count = max(len(p) for p, _, _ in per_variable)
+    out = []
+    for j in range(count):
+        loads = []
+        for phases, part, dtype in per_variable:
+            phase = phases[j % len(phases)]
+            collective = phase.spec.collectives[0]
+            route = (
+                communicator.linear_via
+                if collective == ALL_REDUCE
+                else collective
+            )
+            compressed = not isinstance(phase, compressors_lib.Identity)
+            loads.append(
+                TensorLoad(
+                    route,
+                    phase.spec.rounds,
+                    int(phase.payload_bytes(part, dtype)),
+                    num_elements(part) if compressed else 0,
+                )
+            )
+        out.append(loads)
+    return out
+
+
+def _dense_loads(variables, communicator) -> list[list[TensorLoad]]:
+    return [
+        [
+            TensorLoad(
+                communicator.linear_via,
+                1,
+                num_elements(tuple(v.shape)) * tf.as_dtype(v.dtype).size,
+                0,
+            )
+            for v in variables
+        ]
+    ]
+
+
+def _heavy_tailed(shape, seed: int) -> tf.Tensor:
+    """Values like real gradients' (Student's t, 2 degrees of freedom)."""
+    rng = np.random.default_rng(seed)
+    return tf.constant(rng.standard_t(2, size=shape).astype(np.float32))
+
+
+def _codec_seconds(settings, candidate, shapes, communicator, topology):
+    """Median seconds of one local exchange (one-worker group: nothing
+    leaves this worker) of `shapes` under `candidate`, as the optimizer
+    would drive it, averaged over its phases."""
+    group = Group(topology, [0], 0, communicator.options)
+    # Every workload tensor compressed, whatever the user's minimum.
+    chosen = settings._replace(compressor=candidate, min_compress_size=0)
+    net = Network(1, None)
+    stubs = [_Stub(shape) for shape in shapes]
+    tensors = [_heavy_tailed(s, i) for i, s in enumerate(shapes)]
+    phase_lists = [
+        planning.compressors_for(chosen, stub, stub.shape, net)[0]
+        for stub in stubs
+    ]
+    count = max(len(p) for p in phase_lists)
+    keys = [planning.key(i, 0) for i in range(len(shapes))]
+    seconds = []
+    for j in range(count):
+        codecs = [p[j % len(p)] for p in phase_lists]
+        states = [
+            c.init_state(s, tf.float32, planning.key(i, planning.INIT_STEP))
+            for i, (c, s) in enumerate(zip(codecs, shapes))
+        ]
+
+        @tf.function
+        def run(codecs=codecs, states=states):
+            totals, _, _, _ = exchange.run_rounds(
+                codecs,
+                tensors,
+                states,
+                keys,
+                lambda payloads, kinds: communicator.carry(
+                    payloads, kinds, group
+                ),
+            )
+            return tf.add_n([tf.reduce_sum(t) for t in totals])
+
+        seconds.append(
+            probe.median_seconds(lambda run=run: run().numpy(), REPEATS)
+        )
+    return float(np.mean(seconds))
+
+
+def measure_codec(settings, candidate, communicator, topology) -> CodecCosts:
+    """`candidate`'s compute per tensor and per element on this worker."""
+    points = []
+    for shapes in WORKLOADS:
+        seconds = _codec_seconds(
+            settings, candidate, shapes, communicator, topology
+        )
+        points.append(
+            (len(shapes), sum(num_elements(s) for s in shapes), seconds)
+        )
+    return CodecCosts.solve(*points)
+
+
+def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
+    """The plan for `var_list` (call where the optimizer is built: in a
+    cross-replica context, outside `tf.function`, on every worker)."""
+    auto = settings.compressor
+    groups = buckets(var_list, bucket_bytes)
+    peers = communicator.num_peers
+    if auto.choices is not None:
+        if len(auto.choices) != len(groups):
+            raise ValueError(
+                f"Auto(choices=...) names {len(auto.choices)} buckets and "
+                f"this model's gradients make {len(groups)} (bucket_bytes="
+                f"{bucket_bytes}). Pass the plan made for this model and "
+                "bucket_bytes, or choices=None to plan again."
+            )
+        return _unmeasured(auto, var_list, groups, auto.choices, peers, "given")
+    if peers == 1:
+        fixed = [_fallback(auto.candidates)] * len(groups)
+        reason = "one worker, nothing to exchange"
+        return _unmeasured(auto, var_list, groups, fixed, peers, reason)
+    if len(auto.candidates) == 1:
+        fixed = [0] * len(groups)
+        return _unmeasured(
+            auto, var_list, groups, fixed, peers, "one candidate"
+        )
+    _refuse_in_function()
+    strategy = tf.distribute.get_strategy()
+    options = communicator.options
+    collectives = probe.collective_costs(strategy, REPEATS, options)
+    topology = topology_lib.current(strategy)
+    local = [
+        measure_codec(settings, c, communicator, topology)
+        for c in auto.candidates
+    ]
+    agreed = probe.agree_values(
+        [x for codec in local for x in codec], strategy, options
+    )
+    codecs = tuple(
+        CodecCosts(*agreed[2 * i : 2 * i + 2])
+        for i in range(len(auto.candidates))
+    )
+    return AutoPlan(
+        auto.candidates,
+        choose(settings, var_list, groups, communicator, collectives, codecs),
+        peers,
+        collectives,
+        codecs,
+        "measured on this cluster, the fastest predicted per bucket",
+    )
+
+
+def choose(
+    settings, var_list, groups, communicator, collectives, codecs
+) -> tuple[BucketChoice, ...]:
+    """Per bucket (`groups`, indices into `var_list`), every candidate's
+    predicted exchange seconds from the measured costs, and the fastest
+    (the first of equals)."""
+    auto = settings.compressor
+    peers = communicator.num_peers
+    free = CodecCosts(0.0, 0.0)
+    chosen = []
+    for g in groups:
+        variables = [var_list[i] for i in g]
+        seconds = tuple(
+            bucket_costs.bucket_seconds(
+                _loads(settings, c, variables, communicator, peers),
+                codec,
+                collectives,
+            )
+            for c, codec in zip(auto.candidates, codecs)
+        )
+        dense = bucket_costs.bucket_seconds(
+            _dense_loads(variables, communicator), free, collectives
+        )
+        chosen.append(_bucket(var_list, g, seconds, dense, pick(auto, seconds)))
+    return tuple(chosen)
+
+
+def pick(auto, seconds) -> int:
+    """The fastest candidate (the first of equals), unless it compresses
+    and is not `auto.min_speedup` times as fast as the fastest dense one:
+    where they are close, the exact (or fp16) sum is worth more."""
+    fastest = min(range(len(seconds)), key=lambda i: (seconds[i], i))
+    dense = [i for i, c in enumerate(auto.candidates) if is_dense(c)]
+    if not dense or fastest in dense:
+        return fastest
+    best_dense = min(dense, key=lambda i: (seconds[i], i))
+    if seconds[fastest] * auto.min_speedup > seconds[best_dense]:
+        return best_dense
+    return fastest
+
+
+def is_dense(candidate) -> bool:
+    """Whether `candidate` sends every element (fp32, or cast to 16 bits)."""
+    dense = (
+        compressors_lib.Identity,
+        compressors_lib.FP16,
+        compressors_lib.BF16,
+    )
+    return isinstance(candidate, dense)
+
+
+def _bucket(var_list, group, seconds, dense, choice) -> BucketChoice:
+    variables = [var_list[i] for i in group]
+    return BucketChoice(
+        tuple(group),
+        sum(num_elements(tuple(v.shape)) for v in variables),
+        planning.dense_bytes(variables),
+        seconds,
+        dense,
+        choice,
+    )
+
+
+def _unmeasured(auto, var_list, groups, choices, peers, reason) -> AutoPlan:
+    """A plan whose choices were not made from measurements."""
+    chosen = tuple(
+        _bucket(var_list, g, (), None, c) for g, c in zip(groups, choices)
+    )
+    return AutoPlan(auto.candidates, chosen, peers, None, (), reason)
+
+
+def _fallback(candidates) -> int:
+    """With one worker nothing travels: the dense codec if a candidate,
+    else the first."""
+    for i, c in enumerate(candidates):
+        if type(c) is compressors_lib.Identity:
+            return i
+    return 0
+
+
+def _refuse_in_function() -> None:
+    if (
+        not tf.executing_eagerly()
+        or not tf.distribute.in_cross_replica_context()
+    ):
+        raise ValueError(
+            "compressor='auto' measures the cluster when the optimizer is "
+            "built, which must happen outside tf.function: call "
+            "`optimizer.build(model.trainable_variables)` inside "
+            "`strategy.scope()` before training (model.fit does), or keep "
+            "an earlier plan: Auto(choices=optimizer.plan.choices)."
+        )
+
+
+def per_variable(plan: AutoPlan, count: int) -> list:
+    """(candidate, bucket number) per variable index; (None, None) for
+    variables in no bucket (overwritten with their gradient)."""
+    out = [(None, None)] * count
+    for number, bucket in enumerate(plan.buckets):
+        for i in bucket.variables:
+            out[i] = (plan.candidates[bucket.choice], number)
+    return out

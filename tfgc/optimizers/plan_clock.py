@@ -1,0 +1,212 @@
+"""What the planner's buckets did, timed inside the training step, to set
+beside what it predicted (`CompressedOptimizer.plan_report`).
+
+Per exchange and bucket, a timestamp when the bucket's gradients exist
+(`ready`) and one when its sums do (`done`). The ready stamps are made
+before any bucket's exchange and the done stamps after all of them:
+TensorFlow runs stateful ops that touch no resource (timestamps) in
+program order, so each kind stays in bucket order without waiting on the
+other. The step's period is the time between two exchanges' first ready
+stamps. Sums over the counted exchanges are kept in variables; the first
+`SETTLE` exchanges (tracing, first allocations) are not counted.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow as tf
+
+from tfgc.core import bucket_costs
+
+#: Exchanges not counted at the start.
+SETTLE = 3
+#: How far (a fraction of the measured step) the predicted step may be
+#: off before the check warns.
+TOLERANCE = 0.25
+
+
+class Clock(NamedTuple):
+    """float64 variables, one value per replica (B: the plan's buckets).
+
+    Attributes:
+        seen: exchanges timed so far.
+        previous: the last exchange's first ready stamp (seconds).
+        period: sum of the counted exchanges' periods.
+        offsets: [B] sum of each bucket's ready stamp after the first.
+        busy: [B] sum of each bucket's exchange, from when it could start
+            (its gradients ready and the previous bucket done) to its end.
+        exposed: sum of the time from the last ready stamp to the last
+            done stamp: the exchange the backward pass did not hide.
+    """
+
+    seen: tf.Variable
+    previous: tf.Variable
+    period: tf.Variable
+    offsets: tf.Variable
+    busy: tf.Variable
+    exposed: tf.Variable
+
+    @classmethod
+    def create(cls, add_variable: Callable[..., tf.Variable], buckets: int):
+        def made(name, shape=()):
+            return add_variable(
+                shape=shape,
+                dtype="float64",
+                aggregation="none",
+                name=f"plan_clock_{name}",
+            )
+
+        return cls(
+            made("seen"),
+            made("previous"),
+            made("period"),
+            made("offsets", (buckets,)),
+            made("busy", (buckets,)),
+            made("exposed"),
+        )
+
+    def sums(self) -> list:
+        """The values `report` reads, in its order."""
+        return [self.seen, self.period, self.offsets, self.busy, self.exposed]
+
+
+class Timing(NamedTuple):
+    """What a step needs to time its exchange against a plan.
+
+    Attributes:
+        clock: the sums' variables.
+        predicted: each bucket's predicted exchange seconds.
+        check_after: warn (`warn_if_off`) once this many exchanges are
+            counted; None: never.
+    """
+
+    clock: Clock
+    predicted: tuple[float, ...]
+    check_after: int | None
+
+
+def stamp_after(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """The time (float64 seconds) once every one of `tensors` exists."""
+    with tf.control_dependencies(list(tensors)):
+        return tf.timestamp()
+
+
+def record(clock: Clock, ready: Sequence, done: Sequence) -> None:
+    """Adds one exchange's stamps (per bucket, in exchange order)."""
+    ready, done = tf.stack(ready), tf.stack(done)
+    free = tf.concat([ready[:1], done[:-1]], axis=0)  # wire free again
+    busy = done - tf.maximum(ready, free)
+    counted = clock.seen >= SETTLE
+    weight = tf.cast(counted, tf.float64)
+    clock.period.assign_add(weight * (ready[0] - clock.previous))
+    clock.offsets.assign_add(weight * (ready - ready[0]))
+    clock.busy.assign_add(weight * busy)
+    clock.exposed.assign_add(weight * (done[-1] - tf.reduce_max(ready)))
+    clock.previous.assign(ready[0])
+    clock.seen.assign_add(1.0)
+
+
+class PlanReport(NamedTuple):
+    """Measured against predicted, per exchange (seconds, means over
+    `exchanges`).
+
+    Attributes:
+        exchanges: the exchanges measured.
+        step: the measured period between exchanges (one training step,
+            or one accumulation of steps).
+        predicted_step: the same with the exchange the plan predicts in
+            place of the measured one, from the same backward pass (when
+            each bucket's gradients were ready).
+        busy: per bucket, its measured exchange.
+        predicted_busy: per bucket, its predicted exchange.
+        exposed: the measured exchange after the last gradient.
+        predicted_exposed: the predicted one.
+    """
+
+    exchanges: int
+    step: float
+    predicted_step: float
+    busy: tuple[float, ...]
+    predicted_busy: tuple[float, ...]
+    exposed: float
+    predicted_exposed: float
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured step."""
+        return (self.predicted_step - self.step) / self.step
+
+    def text(self) -> str:
+        def ms(seconds):
+            return f"{1e3 * seconds:.1f} ms"
+
+        return (
+            f"tfgc Auto plan over {self.exchanges} steps: measured step "
+            f"{ms(self.step)}, predicted {ms(self.predicted_step)} "
+            f"({100 * self.error:+.0f} %); exchange {ms(sum(self.busy))} "
+            f"measured, {ms(sum(self.predicted_busy))} predicted; after the "
+            f"last gradient {ms(self.exposed)} measured, "
+            f"{ms(self.predicted_exposed)} predicted."
+        )
+
+
+def report(sums, predicted: Sequence[float]) -> PlanReport | None:
+    """The means of a clock's `sums` (`Clock.sums`, as numbers or eager
+    tensors) against `predicted` (each bucket's exchange seconds); None
+    before any exchange was counted."""
+    seen, period, offsets, busy, exposed = (np.asarray(v) for v in sums)
+    n = int(seen) - SETTLE
+    if n <= 0:
+        return None
+    offsets = offsets / n
+    step = float(period) / n
+    exposed = float(exposed) / n
+    end = bucket_costs.pipelined_seconds(offsets.tolist(), list(predicted))
+    predicted_exposed = max(end - float(np.max(offsets)), 0.0)
+    return PlanReport(
+        n,
+        step,
+        step - exposed + predicted_exposed,
+        tuple((busy / n).tolist()),
+        tuple(float(p) for p in predicted),
+        exposed,
+        predicted_exposed,
+    )
+
+
+def warn_if_off(found: PlanReport | None) -> None:
+    """Warns when the predicted step is off the measured one by more than
+    `TOLERANCE`."""
+    if found is not None and abs(found.error) > TOLERANCE:
+        warnings.warn(
+            f"{found.text()} The prediction is off by more than "
+            f"{TOLERANCE:.0%}: the plan may not be the fastest. "
+            'docs/algorithms.md, "The planner", says what is measured.',
+            stacklevel=2,
+        )
+
+
+def finish(timing: Timing, ready, done, checks: bool) -> None:
+    """Records an exchange's stamps; with `checks` (one replica of the
+    chief) also checks the prediction when due."""
+    record(timing.clock, ready, done)
+    if checks and timing.check_after is not None:
+        check_when_due(timing.clock, timing.check_after, timing.predicted)
+
+
+def check_when_due(clock: Clock, after: int, predicted) -> None:
+    """Once `after` exchanges have been counted, `warn_if_off` (one host
+    call, in the step where it is due)."""
+    predicted = [float(p) for p in predicted]
+
+    def check(*sums):
+        warn_if_off(report([s.numpy() for s in sums], predicted))
+
+    def due():
+        tf.py_function(check, clock.sums(), Tout=[])
+
+    tf.cond(tf.equal(clock.seen, SETTLE + after), due, lambda: None)
