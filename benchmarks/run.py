@@ -199,6 +199,22 @@ PRESETS = {
         "unpipelined": True,
         "bytes_per_pack": 25 * 2**20,
     },
+    # compressor="auto" against every fixed candidate it may choose and
+    # the tuned dense baselines, from a slow link to a fast one (an
+    # unshaped run: the same with --localhost).
+    "planner": {
+        "hosts": 2,
+        "rate": "100mbit,1gbit,10gbit",
+        "model": "standin-compute",
+        "compressors": (
+            "identity:ef=0 topk:0.01 mstopk:0.01 powersgd:rank=4 "
+            "acpsgd:rank=4 auto"
+        ),
+        "steps": 6,
+        "warmup": 4,
+        "timeout": 3600,
+        "bytes_per_pack": 25 * 2**20,
+    },
     # tfgc's fused collectives vs one collective per tensor.
     "fusion": {
         "hosts": 4,

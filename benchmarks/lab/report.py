@@ -76,6 +76,8 @@ def summarize(per_worker: list[dict], hosts: int, per_host: int, steps: int):
                 case["tfgc_stats"]["sent_bytes"]
                 + case["tfgc_stats"]["overhead_bytes"]
             )
+        if case.get("plan"):
+            row["plan"] = case["plan"]  # worker 0's; every worker's agree
         if row.get("analytic_wire_bytes") and "measured_tx_bytes" in row:
             row["measured_over_analytic"] = (
                 row["measured_tx_bytes"] / row["analytic_wire_bytes"]
@@ -179,6 +181,7 @@ def markdown(results: dict, plots: list[str]) -> str:
                 f"{_mb(r.get('analytic_wire_bytes'))} | "
                 f"{'-' if ratio is None else f'{ratio:.3f}'} |"
             )
+        lines += plan_lines(run["cases"])
         overheads = [
             f"{r['name'].removesuffix(LOCAL_SUFFIX)} "
             f"{r['compression_overhead_s'] * 1e3:,.1f} ms"
@@ -196,6 +199,46 @@ def markdown(results: dict, plots: list[str]) -> str:
     if results.get("cost_model"):
         lines += cost_model_markdown(results["cost_model"], plots)
     return "\n".join(lines) + "\n"
+
+
+def plan_lines(rows: list[dict]) -> list[str]:
+    """For each case planned by `compressor="auto"`: its plan, the
+    predicted step against the measured one, and its step against the
+    best fixed compressor's (pipelined) and the best dense case's."""
+    fixed = [
+        step_s(r)
+        for r in rows
+        if r["kind"] == "compressed"
+        and not r.get("plan")
+        and not r["name"].endswith(UNPIPELINED_SUFFIX)
+    ]
+    lines = []
+    for r in rows:
+        plan = r.get("plan")
+        if not plan:
+            continue
+        t = step_s(r)
+        caption, _, table = plan["table"].partition("\n")
+        lines += ["", f"**{r['name']}**: {caption}", "", table, ""]
+        found = plan.get("report")
+        if found:
+            predicted = found["predicted_step"]
+            lines.append(
+                f"Predicted step (the measured backward pass with the "
+                f"predicted exchange, over {found['exchanges']} steps): "
+                f"{_ms(predicted)} ms, measured here {_ms(t)} ms "
+                f"({100 * (predicted - t) / t:+.0f} %); its exchange "
+                f"{_ms(sum(found['busy']))} ms measured, "
+                f"{_ms(sum(found['predicted_busy']))} ms predicted."
+            )
+        if fixed:
+            best = min(fixed)
+            lines.append(
+                f"Against the best fixed case ({_ms(best)} ms): "
+                f"{t / best:.2f}x its step time; against the best dense "
+                f"case: {r['speedup_vs_best_dense']:.2f}x faster."
+            )
+    return lines
 
 
 def _ms(x: float) -> str:

@@ -247,14 +247,15 @@ def analytic_bytes(
     # A compressor with a delay (SBC) exchanges once per round, the
     # tensors it sends dense too (CompressedOptimizer's rounds).
     delay = optimizer.compressor.spec.delay if compressed else 1
+    chosen = _compressors(optimizer, len(variables)) if compressed else None
     payload, wire = 0.0, 0.0
-    for v in variables:
+    for i, v in enumerate(variables):
         shape, dtype = tuple(v.shape), tf.as_dtype(v.dtype)
         size = int(np.prod(shape))
         dense = [(size * dtype.size / delay, ALL_REDUCE, workers, 1)]
         rounds = dense
         if compressed:
-            compressor = optimizer.compressor
+            compressor = chosen[i]
             part = communicator.compressed_shape(shape)
             if (
                 size >= optimizer.min_compress_size
@@ -276,6 +277,36 @@ def analytic_bytes(
                 else wire + nbytes * factor * copies
             )
     return {"payload_bytes": payload, "wire_bytes": wire}
+
+
+def _compressors(optimizer, count: int) -> list:
+    """Each variable's compressor: the planner's choice for its bucket
+    under `compressor="auto"`, else the optimizer's."""
+    plan = optimizer.plan
+    if plan is None:
+        return [optimizer.compressor] * count
+    chosen = [tfgc.compressors.Identity()] * count
+    for bucket in plan.buckets:
+        for i in bucket.variables:
+            chosen[i] = plan.candidates[bucket.choice]
+    return chosen
+
+
+def plan_record(optimizer) -> dict | None:
+    """What `compressor="auto"` planned and how its prediction held:
+    the table, the choices by label, the predicted exchange, and
+    `plan_report()` (means over the steps so far), for the results."""
+    plan = getattr(optimizer, "plan", None)
+    if plan is None:
+        return None
+    found = optimizer.plan_report()
+    return {
+        "table": plan.table(),
+        "choices": [plan.labels[c] for c in plan.choices],
+        "predicted_exchange_s": plan.predicted_seconds(),
+        "predicted_dense_exchange_s": plan.predicted_dense_seconds(),
+        "report": None if found is None else found._asdict(),
+    }
 
 
 def read_counters(netdev: str | None) -> dict | None:
@@ -377,6 +408,7 @@ def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
         "counters_delta": None
         if before is None
         else {k: after[k] - before[k] for k in before},
+        "plan": None if local else plan_record(optimizer),
     }
     return result
 

@@ -137,11 +137,12 @@ class AutoPlan(NamedTuple):
             chosen = self.predicted_seconds()
             dense = self.predicted_dense_seconds()
             speedup = dense / chosen if chosen > 0 else float("inf")
-            rows.append(
+            rows += [
+                "",
                 f"Predicted exchange per step, buckets one after another: "
                 f"{1e3 * chosen:.2f} ms; dense fp32 {1e3 * dense:.2f} ms "
-                f"({speedup:.2f}x)."
-            )
+                f"({speedup:.2f}x).",
+            ]
         return "\n".join(rows)
 
 
