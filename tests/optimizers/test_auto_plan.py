@@ -401,3 +401,52 @@ def test_training_times_the_plans_buckets(mirrored, monkeypatch):
     assert found.predicted_busy == tuple(
         b.seconds[b.choice] for b in opt.plan.buckets
     )
+
+
+def _texts(log_dir) -> dict[int, str]:
+    """step -> the `tfgc/plan` text in `log_dir`'s event files."""
+    out = {}
+    for path in log_dir.glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                if value.tag == "tfgc/plan":
+                    text = tf.make_ndarray(value.tensor).item().decode()
+                    out[event.step] = text
+    return out
+
+
+def test_the_plan_and_its_report_reach_tensorboard(mirrored, tmp_path):
+    steps = plan_clock.SETTLE + 2
+    with mirrored.scope():
+        model = _model()
+        opt = tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.1),
+            compressors.Auto(candidates=["identity", TOPK], verbose=False),
+            bucket_bytes=600,
+        )
+        model.compile(opt, "mse")
+    x = np.zeros((32 * steps, 12), "float32")
+    model.fit(
+        x,
+        np.zeros((32 * steps, 4)),
+        batch_size=32,
+        epochs=2,
+        verbose=0,
+        callbacks=[tfgc.callbacks.PlanSummary(str(tmp_path))],
+    )
+    texts = _texts(tmp_path)
+    assert sorted(texts) == [0, 1, 2]
+    assert texts[0] == opt.plan.table()
+    assert texts[2] == opt.plan_report().text()
+    assert "over 2 steps" in texts[1]  # the first epoch's, after settling
+
+
+def test_plan_summary_needs_a_plan():
+    model = _model()
+    model.compile(keras.optimizers.SGD(0.1), "mse")
+    callback = tfgc.callbacks.PlanSummary("/tmp/unused")
+    callback.set_model(model)
+    with pytest.raises(ValueError, match='compressor="auto"'):
+        callback.on_train_begin()
+    with pytest.raises(ValueError, match="directory path"):
+        tfgc.callbacks.PlanSummary("")

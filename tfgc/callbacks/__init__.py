@@ -1,6 +1,6 @@
-"""Keras callbacks: what compression saves (`CompressionStats`), and
-crash-safe backups that keep every worker's compressor state
-(`BackupAndRestore`)."""
+"""Keras callbacks: what compression saves (`CompressionStats`), the
+planner's choices in TensorBoard (`PlanSummary`), and crash-safe backups
+that keep every worker's compressor state (`BackupAndRestore`)."""
 
 from tfgc.callbacks.backup import (
     METADATA_FILE,
@@ -9,6 +9,7 @@ from tfgc.callbacks.backup import (
     BackupState,
 )
 from tfgc.callbacks.files import atomic_file, write_json_atomically
+from tfgc.callbacks.plan import PlanSummary
 from tfgc.callbacks.statistics import CompressionStats
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "BackupError",
     "BackupState",
     "CompressionStats",
+    "PlanSummary",
     "atomic_file",
     "write_json_atomically",
 ]

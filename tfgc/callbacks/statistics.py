@@ -5,7 +5,9 @@ from __future__ import annotations
 import keras
 
 
-def _find_compressed(optimizer):
+def find_compressed(optimizer):
+    """The `CompressedOptimizer` in `optimizer` or the optimizers it wraps
+    (e.g. a `LossScaleOptimizer`), else None."""
     from tfgc.optimizers import CompressedOptimizer
 
     while optimizer is not None:
@@ -47,7 +49,7 @@ class CompressionStats(keras.callbacks.Callback):
     def _add(self, logs):
         if logs is None:
             return
-        optimizer = _find_compressed(getattr(self.model, "optimizer", None))
+        optimizer = find_compressed(getattr(self.model, "optimizer", None))
         if optimizer is None:
             raise ValueError(
                 "CompressionStats needs a model compiled with a "
