@@ -80,6 +80,10 @@ class Auto(Compressor):
             is predicted at least this many times as fast as the fastest
             dense one (fp32 or a 16-bit cast): where they are close, the
             exact sum is worth more. 1.0: the fastest, whatever it is.
+        replan_every: every this many steps, correct each candidate's
+            predictions by what it measured and choose again per bucket
+            (a variable's residual is kept across codecs; a codec that
+            comes back starts afresh); None: the plan made at build.
         check_after: once this many steps are timed (after a few that
             settle), the chief compares the predicted step time with the
             measured one and warns if they differ by more than 25 %
@@ -94,6 +98,7 @@ class Auto(Compressor):
         candidates=None,
         choices=None,
         min_speedup: float = 1.05,
+        replan_every: int | None = None,
         check_after: int | None = 50,
         verbose: bool = True,
     ):
@@ -142,6 +147,17 @@ class Auto(Compressor):
                 "as dense a compressing candidate must be). Received: "
                 f"min_speedup={min_speedup!r}"
             )
+        self.replan_every = (
+            None
+            if replan_every is None
+            else base.check_positive_int("replan_every", replan_every)
+        )
+        if self.replan_every is not None and choices is not None:
+            raise ValueError(
+                "`replan_every` corrects the measured predictions, and "
+                "`choices` skips measuring. Give one of them. Received: "
+                f"replan_every={replan_every!r}, choices={list(choices)}"
+            )
         self.check_after = (
             None
             if check_after is None
@@ -169,6 +185,7 @@ class Auto(Compressor):
             ],
             "choices": None if self.choices is None else list(self.choices),
             "min_speedup": self.min_speedup,
+            "replan_every": self.replan_every,
             "check_after": self.check_after,
             "verbose": self.verbose,
         }

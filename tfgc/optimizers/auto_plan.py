@@ -29,6 +29,7 @@ from tfgc.communicators import exchange, probe
 from tfgc.communicators import topology as topology_lib
 from tfgc.communicators.collectives import Group
 from tfgc.communicators.hierarchical import Hierarchical
+from tfgc.compressors import switchable
 from tfgc.core import bucket_costs
 from tfgc.core.bucket_costs import CodecCosts, CollectiveCosts, TensorLoad
 from tfgc.core.compressor import Compressor, Network
@@ -455,11 +456,54 @@ def _refuse_in_function() -> None:
         )
 
 
-def per_variable(plan: AutoPlan, count: int) -> list:
-    """(candidate, bucket number) per variable index; (None, None) for
-    variables in no bucket (overwritten with their gradient)."""
-    out = [(None, None)] * count
+def with_choices(plan: AutoPlan, choices) -> AutoPlan:
+    """`plan` with each bucket's candidate replaced by `choices`."""
+    buckets = tuple(
+        b._replace(choice=int(c)) for b, c in zip(plan.buckets, choices)
+    )
+    return plan._replace(buckets=buckets)
+
+
+def assignments(plan: AutoPlan, count: int) -> list:
+    """Per variable index, its bucket and the bucket's candidate
+    (`planning.Assignment`); the default for variables in no bucket
+    (overwritten with their gradient)."""
+    out = [planning.Assignment()] * count
     for number, bucket in enumerate(plan.buckets):
         for i in bucket.variables:
-            out[i] = (plan.candidates[bucket.choice], number)
+            out[i] = planning.Assignment(plan.candidates[bucket.choice], number)
     return out
+
+
+def switchable_assignments(
+    settings, plan: AutoPlan, var_list, net, selector
+) -> list:
+    """As `assignments`, with every candidate's phases as `Slot`s over one
+    shared state, for re-planning: `selector` (int32 [buckets]) picks a
+    candidate per bucket and step."""
+    out = [planning.Assignment()] * len(var_list)
+    for number, bucket in enumerate(plan.buckets):
+        for i in bucket.variables:
+            options = _slots(settings, plan.candidates, var_list[i], net)
+            out[i] = planning.Assignment(
+                None, number, options, selector, bucket.choice
+            )
+    return out
+
+
+def _slots(settings, candidates, variable, net) -> tuple:
+    """Per candidate, its phases for `variable` as `Slot`s (the
+    optimizer's dense codec where a candidate declines the tensor)."""
+    part = settings.communicator.compressed_shape(tuple(variable.shape))
+    bare = settings._replace(error_feedback=False)  # the slots add it
+    phases = [
+        planning.compressors_for(
+            bare._replace(compressor=c), variable, part, net
+        )[0]
+        for c in candidates
+    ]
+    inits = tuple(p[0].init_state for p in phases)
+    return tuple(
+        tuple(switchable.Slot(i, phase, inits) for phase in p)
+        for i, p in enumerate(phases)
+    )

@@ -22,6 +22,7 @@ from tfgc.optimizers import (
     non_finite,
     plan_clock,
     planning,
+    replan,
     replica_state,
     statistics,
     step,
@@ -162,20 +163,13 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         net = planning.network(self.compressor, self.communicator)
         self._network_cost = net.cost
         settings = planning.Settings.of(self)
-        chosen = None
-        self._auto_plan = None
+        self._auto_plan = self._selector = assigned = None
         if isinstance(self.compressor, compressors_lib.Auto):
-            self._auto_plan = auto_plan.make(
-                settings, var_list, self.communicator, self.bucket_bytes
+            self._auto_plan, self._selector, assigned = self._plan_buckets(
+                settings, var_list, net
             )
-            chosen = auto_plan.per_variable(self._auto_plan, len(var_list))
-            if (
-                self.compressor.verbose
-                and self._strategy.extended.should_checkpoint
-            ):
-                print(self._auto_plan.table(), flush=True)
         self._plans = planning.make_plans(
-            settings, var_list, net, self.add_variable, chosen
+            settings, var_list, net, self.add_variable, assigned
         )
         self._counters = statistics.Counters.create(self.add_variable)
         self._timing = self._plan_timing()
@@ -335,14 +329,52 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             return 0
         return int(self._counters.skipped_steps.numpy())
 
+    def _plan_buckets(self, settings, var_list, net):
+        """`compressor="auto"`: (the plan, the buckets' candidate variable
+        with re-planning or None, the variables' assignments)."""
+        plan = auto_plan.make(
+            settings, var_list, self.communicator, self.bucket_bytes
+        )
+        if (
+            self.compressor.verbose
+            and self._strategy.extended.should_checkpoint
+        ):
+            print(plan.table(), flush=True)
+        if not replan.enabled(self.compressor, plan):
+            return plan, None, auto_plan.assignments(plan, len(var_list))
+        selector = self.add_variable(
+            shape=(len(plan.buckets),),
+            dtype="int32",
+            aggregation="none",
+            name="plan_choices",
+            initializer=lambda shape, dtype: tf.constant(plan.choices, dtype),
+        )
+        assigned = auto_plan.switchable_assignments(
+            settings, plan, var_list, net, selector
+        )
+        return plan, selector, assigned
+
     def _plan_timing(self):
-        """The timing of a measured plan's exchanges, else None."""
+        """The timing of a measured plan's exchanges (and its re-planner),
+        else None."""
         plan = self._auto_plan
         if plan is None or plan.collectives is None:
             return None
         clock = plan_clock.Clock.create(self.add_variable, len(plan.buckets))
-        predicted = tuple(b.seconds[b.choice] for b in plan.buckets)
-        return plan_clock.Timing(clock, predicted, self.compressor.check_after)
+        table = tuple(b.seconds for b in plan.buckets)
+        if self._selector is None:
+            return plan_clock.Timing(
+                clock, table, plan.choices, self.compressor.check_after
+            )
+        planner = replan.Replanner.create(
+            self.add_variable,
+            self.compressor,
+            len(plan.buckets),
+            tuple(auto_plan.is_dense(c) for c in plan.candidates),
+        )
+        return plan_clock.Timing(
+            clock, table, self._selector, self.compressor.check_after, planner
+        )
 
     def plan_report(self):
         """With a measured `plan`: its predicted exchange against the
@@ -353,15 +385,20 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         if timing is None:
             return None
         return plan_clock.report(
-            [v.numpy() for v in timing.clock.sums()], timing.predicted
+            [v.numpy() for v in timing.clock.sums()],
+            timing.predicted().numpy().tolist(),
         )
 
     @property
     def plan(self):
-        """With `compressor="auto"`, the `AutoPlan` made at build: each
-        bucket's codec, its predicted times, `table()` and `choices`
+        """With `compressor="auto"`, the `AutoPlan`: each bucket's codec
+        (with re-planning, the one in force now: call outside
+        `tf.function`), its predicted times, `table()` and `choices`
         (None otherwise, or before build)."""
-        return getattr(self, "_auto_plan", None)
+        plan = getattr(self, "_auto_plan", None)
+        if plan is None or self._selector is None:
+            return plan
+        return auto_plan.with_choices(plan, self._selector.numpy().tolist())
 
     @property
     def network_cost(self):

@@ -79,14 +79,28 @@ class Timing(NamedTuple):
 
     Attributes:
         clock: the sums' variables.
-        predicted: each bucket's predicted exchange seconds.
+        table: [buckets][candidates] predicted exchange seconds.
+        choices: each bucket's candidate: a tuple, or (re-planning) the
+            int32 variable [buckets] that holds them.
         check_after: warn (`warn_if_off`) once this many exchanges are
             counted; None: never.
+        replanner: a `replan.Replanner`, or None.
     """
 
     clock: Clock
-    predicted: tuple[float, ...]
+    table: tuple[tuple[float, ...], ...]
+    choices: object
     check_after: int | None
+    replanner: object = None
+
+    def predicted(self) -> tf.Tensor:
+        """float64 [buckets]: each bucket's predicted seconds under its
+        candidate now."""
+        table = tf.constant(self.table, tf.float64)
+        choices = self.choices
+        if isinstance(choices, tuple):
+            choices = tf.constant(choices, tf.int32)
+        return tf.gather(table, choices, batch_dims=1)
 
 
 def stamp_after(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -195,18 +209,18 @@ def finish(timing: Timing, ready, done, checks: bool) -> None:
     chief) also checks the prediction when due."""
     record(timing.clock, ready, done)
     if checks and timing.check_after is not None:
-        check_when_due(timing.clock, timing.check_after, timing.predicted)
+        check_when_due(timing.clock, timing.check_after, timing.predicted())
 
 
-def check_when_due(clock: Clock, after: int, predicted) -> None:
+def check_when_due(clock: Clock, after: int, predicted: tf.Tensor) -> None:
     """Once `after` exchanges have been counted, `warn_if_off` (one host
     call, in the step where it is due)."""
-    predicted = [float(p) for p in predicted]
 
-    def check(*sums):
-        warn_if_off(report([s.numpy() for s in sums], predicted))
+    def check(predicted, *sums):
+        found = report([s.numpy() for s in sums], predicted.numpy().tolist())
+        warn_if_off(found)
 
     def due():
-        tf.py_function(check, clock.sums(), Tout=[])
+        tf.py_function(check, [predicted, *clock.sums()], Tout=[])
 
     tf.cond(tf.equal(clock.seen, SETTLE + after), due, lambda: None)

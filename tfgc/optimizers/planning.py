@@ -39,6 +39,11 @@ class Plan(NamedTuple):
         bucket: the exchange bucket the planner put the variable in
             (`tfgc.compressors.Auto`); None: the exchange cuts buckets
             itself.
+        options: with re-planning, per candidate its phases (`Slot`s over
+            one shared state), of which the bucket's `selector` picks one
+            each step; else None.
+        selector: with re-planning, the int32 variable [buckets] holding
+            each bucket's candidate; else None.
     """
 
     phases: tuple[Compressor, ...]
@@ -49,6 +54,8 @@ class Plan(NamedTuple):
     round_start: object = None
     accumulator: object = None
     bucket: int | None = None
+    options: tuple | None = None
+    selector: object = None
 
     @property
     def compressor(self) -> Compressor:
@@ -89,6 +96,25 @@ class Settings(NamedTuple):
             optimizer.seed,
             optimizer._accumulation_steps,
         )
+
+
+class Assignment(NamedTuple):
+    """What the planner decided for one variable (`make_plans`).
+
+    Attributes:
+        compressor: its codec, in place of the optimizer's; None: the
+            optimizer's.
+        bucket: its exchange bucket; None: the exchange cuts them.
+        options: with re-planning, per candidate its phases (see `Plan`).
+        selector: with re-planning, the buckets' candidate variable.
+        choice: with re-planning, the candidate chosen at build.
+    """
+
+    compressor: Compressor | None = None
+    bucket: int | None = None
+    options: tuple | None = None
+    selector: object = None
+    choice: int = 0
 
 
 def key(seed: int, step) -> tf.Tensor:
@@ -180,15 +206,15 @@ def make_plans(
     var_list,
     net: Network,
     add_variable: Callable,
-    chosen: list | None = None,
+    assignments: list[Assignment] | None = None,
 ) -> list[Plan]:
     """A `Plan` per variable, its state in variables from `add_variable`
-    (the optimizer's), each replica keeping its own value. `chosen`: per
-    variable, (compressor, bucket) from the planner, or (None, None) for
-    `settings.compressor` in the exchange's own buckets."""
-    chosen = chosen or [(None, None)] * len(var_list)
+    (the optimizer's), each replica keeping its own value; `assignments`:
+    the planner's, per variable (None: the optimizer's compressor in the
+    exchange's own buckets)."""
+    assignments = assignments or [Assignment()] * len(var_list)
     return [
-        _plan(settings, index, variable, net, add_variable, *chosen[index])
+        _plan(settings, index, variable, net, add_variable, assignments[index])
         for index, variable in enumerate(var_list)
     ]
 
@@ -199,14 +225,17 @@ def _plan(
     variable,
     net,
     add_variable,
-    compressor=None,
-    bucket=None,
+    assignment: Assignment,
 ):
     shape = tuple(variable.shape)
     part = settings.communicator.compressed_shape(shape)
-    if compressor is not None:
-        settings = settings._replace(compressor=compressor)
-    phases, warmup = compressors_for(settings, variable, part, net)
+    if assignment.options is not None:
+        phases = assignment.options[assignment.choice]
+        warmup = phases[0]
+    else:
+        if assignment.compressor is not None:
+            settings = settings._replace(compressor=assignment.compressor)
+        phases, warmup = compressors_for(settings, variable, part, net)
     seed = settings.seed * 1_000_003 + index
     initial = phases[0].init_state(part, variable.dtype, key(seed, INIT_STEP))
     path = _variable_name(variable, index)
@@ -240,7 +269,8 @@ def _plan(
         accumulator = own("accumulated")
     return Plan(
         phases, warmup, initial, state_variables, seed, round_start,
-        accumulator, bucket,
+        accumulator, assignment.bucket, assignment.options,
+        assignment.selector,
     )  # fmt: skip
 
 
@@ -294,11 +324,17 @@ def _even_share(rows: np.ndarray, replicas: int) -> np.ndarray:
 
 
 def _state_names(structure, prefix: str = "") -> list[str]:
-    """Field paths of a (nested) NamedTuple state, e.g. 'inner_q'."""
+    """Field paths of a (nested) NamedTuple state, e.g. 'inner_q'; the
+    items of a plain tuple by their index ('inners_1_q')."""
     if hasattr(structure, "_fields"):
         names = []
         for field, value in zip(structure._fields, structure):
             names += _state_names(value, f"{prefix}{field}_")
+        return names
+    if isinstance(structure, tuple):
+        names = []
+        for i, value in enumerate(structure):
+            names += _state_names(value, f"{prefix}{i}_")
         return names
     return [prefix.rstrip("_")]
 

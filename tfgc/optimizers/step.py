@@ -13,7 +13,7 @@ import tensorflow as tf
 from tfgc.communicators import exchange as communicator_exchange
 from tfgc.communicators.communicator import replica_id
 from tfgc.core.wire import Traffic, no_traffic
-from tfgc.optimizers import plan_clock, planning
+from tfgc.optimizers import plan_clock, planning, replan
 
 # What `no_overlap` has said in this process.
 _SAID: set[str] = set()
@@ -175,7 +175,7 @@ def exchange_in_buckets(
     step = tf.cast(step, tf.int64)
     groups = _groups(plans, [tensors[i] for i in present], bucket_bytes)
     ready = None
-    if timing is not None and len(groups) == len(timing.predicted):
+    if timing is not None and len(groups) == len(timing.table):
         # All before any exchange: see plan_clock.
         ready = [
             plan_clock.stamp_after([tensors[present[j]] for j in group])
@@ -212,6 +212,8 @@ def exchange_in_buckets(
     if ready is not None:
         done = [plan_clock.stamp_after([out[i] for i in b]) for b in buckets]
         plan_clock.finish(timing, ready, done, replica_id() == 0)
+        if timing.replanner is not None:
+            replan.revise_when_due(timing, communicator.group())
     joined = tf.concat(verdicts, axis=1) if verdicts else None
     return Exchanged(out, traffic, joined, columns, done_plans, states, buckets)
 
@@ -254,6 +256,8 @@ def _exchange_bucket(
     def run(compressors):
         return communicator.step(compressors, inputs, states, keys, values)
 
+    if plans[0].options is not None:
+        return _switched(run, plans, step)
     branches = [functools.partial(run, phase) for phase in _phases(plans)]
     num_phases = len(branches)
     if warmup_steps:
@@ -270,3 +274,24 @@ def _exchange_bucket(
     else:
         result = tf.switch_case(tf.cast(index, tf.int32), branches)
     return result
+
+
+def _switched(run, plans, step):
+    """Re-planning: a branch per candidate and phase of it, the candidate
+    the bucket's selector holds (`Plan.options`, `Plan.selector`), its
+    phases taken in turn by the step."""
+    branches, first, counts = [], [], []
+    for c in range(len(plans[0].options)):
+        count = max(len(p.options[c]) for p in plans)
+        first.append(len(branches))
+        counts.append(count)
+        branches += [
+            functools.partial(
+                run, [p.options[c][j % len(p.options[c])] for p in plans]
+            )
+            for j in range(count)
+        ]
+    choice = plans[0].selector[plans[0].bucket]
+    phase = step % tf.gather(tf.constant(counts, tf.int64), choice)
+    index = tf.gather(first, choice) + tf.cast(phase, tf.int32)
+    return tf.switch_case(index, branches)

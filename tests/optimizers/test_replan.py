@@ -1,0 +1,185 @@
+"""Re-planning (`Auto(replan_every=N)`): a residual shared by every
+candidate, fresh state for a codec that comes back, the revision's
+arithmetic, and training that switches codecs and keeps its plan in a
+checkpoint."""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import tfgc
+from tests.compressors.common import heavy_tailed, shared_key
+from tests.optimizers.test_auto_plan import _clock, _fit, _model
+from tfgc import communicators, compressors
+from tfgc.communicators import exchange
+from tfgc.communicators import topology as topology_lib
+from tfgc.communicators.collectives import Group
+from tfgc.compressors.switchable import Slot
+from tfgc.optimizers import auto_plan, plan_clock, replan
+
+SHAPE = (64, 32)
+CODECS = (
+    compressors.TopK(0.05),
+    compressors.Identity(),
+    compressors.PowerSGD(2),
+)
+INITS = tuple(c.init_state for c in CODECS)
+
+
+def _local_step(slot, x, state, step):
+    """One exchange of `x` on one worker through `slot`."""
+    group = Group(topology_lib.current(), [0], 0)
+    communicator = communicators.get("auto")
+    totals, states, _, _ = exchange.run_rounds(
+        [slot],
+        [x],
+        [state],
+        [shared_key(0, step)],
+        lambda payloads, kinds: communicator.carry(payloads, kinds, group),
+    )
+    return totals[0], states[0]
+
+
+def test_every_codec_shares_one_residual_and_nothing_is_lost():
+    slots = [Slot(i, c, INITS) for i, c in enumerate(CODECS)]
+    state = slots[0].init_state(SHAPE, tf.float32, shared_key(0, -1))
+    sent = tf.zeros(SHAPE)
+    given = tf.zeros(SHAPE)
+    for step, which in enumerate([0, 2, 0, 2, 1, 0]):
+        x = tf.constant(heavy_tailed(SHAPE, step))
+        total, state = _local_step(slots[which], x, state, step)
+        sent += total
+        given += x
+        assert int(state.last) == which
+        if which == 1:  # dense: everything unsent goes out now
+            np.testing.assert_array_equal(state.residual, np.zeros(SHAPE))
+    np.testing.assert_allclose(sent + state.residual, given, atol=1e-4)
+
+
+def test_a_codec_that_did_not_run_last_starts_afresh():
+    powersgd = Slot(2, CODECS[2], INITS)
+    state = powersgd.init_state(SHAPE, tf.float32, shared_key(0, -1))
+    x = tf.constant(heavy_tailed(SHAPE, 7))
+    _, after = _local_step(powersgd, x, state, step=3)
+    stale = after._replace(last=tf.constant(0, tf.int32))  # TopK ran last
+    fresh = after._replace(
+        inners=(
+            after.inners[0],
+            after.inners[1],
+            CODECS[2].init_state(SHAPE, tf.float32, shared_key(0, 4)),
+        ),
+        last=tf.constant(2, tf.int32),
+    )
+    went_stale, _ = _local_step(powersgd, x, stale, step=4)
+    went_fresh, _ = _local_step(powersgd, x, fresh, step=4)
+    kept, _ = _local_step(powersgd, x, after, step=4)
+    np.testing.assert_array_equal(went_stale, went_fresh)
+    assert not np.array_equal(kept, went_fresh)  # its own state otherwise
+
+
+class _OneWorker:
+    size = 1
+
+
+def test_a_revision_corrects_each_codec_by_what_it_measured():
+    """Bucket 0 sent TopK, predicted 0.5 s, measured 1.5 s; bucket 1 sent
+    dense as predicted (1 s). TopK's factor becomes 3: bucket 0 goes
+    dense (1 s against 1.5 s corrected)."""
+    clock = _clock(2)
+    choices = tf.Variable([1, 0], dtype=tf.int32)
+
+    def add_variable(shape, dtype, aggregation, name, initializer):
+        del aggregation
+        return tf.Variable(
+            tf.ones(shape, dtype)
+            if initializer == "ones"
+            else tf.zeros(shape, dtype),
+            name=name,
+        )
+
+    auto = compressors.Auto(candidates=["identity", "topk"], replan_every=2)
+    planner = replan.Replanner.create(add_variable, auto, 2, (True, False))
+    timing = plan_clock.Timing(
+        clock, ((1.0, 0.5), (1.0, 2.0)), choices, None, planner
+    )
+    counted = 4
+    clock.seen.assign(plan_clock.SETTLE + counted)
+    clock.busy.assign([counted * 1.5, counted * 1.0])
+    replan.revise_when_due(timing, _OneWorker())
+    np.testing.assert_array_equal(choices.numpy(), [0, 0])
+    np.testing.assert_allclose(planner.factors.numpy(), [1.0, 3.0])
+    assert planner.since_seen.numpy() == clock.seen.numpy()
+    # Not due again until `replan_every` more exchanges.
+    choices.assign([1, 1])
+    replan.revise_when_due(timing, _OneWorker())
+    np.testing.assert_array_equal(choices.numpy(), [1, 1])
+
+
+def test_the_batched_pick_is_the_planners_pick():
+    auto = compressors.Auto(candidates=["identity", "fp16", "topk"])
+    rng = np.random.default_rng(0)
+    table = rng.uniform(0.5, 1.5, size=(50, 3))
+    table[::5, 2] = table[::5, 0] / 1.02  # barely faster: stays dense
+    dense = tuple(auto_plan.is_dense(c) for c in auto.candidates)
+    batched = replan.pick(tf.constant(table), dense, auto.min_speedup)
+    expected = [auto_plan.pick(auto, row) for row in table]
+    np.testing.assert_array_equal(batched.numpy(), expected)
+
+
+def test_with_one_choice_kept_it_trains_as_that_codec(mirrored, monkeypatch):
+    """Slots over a shared state, the choice held in a variable: bit for
+    bit the fixed compressor's training while no revision moves it."""
+    monkeypatch.setattr(auto_plan, "pick", lambda auto, seconds: 1)
+    topk = compressors.TopK(0.1)
+    auto = lambda: compressors.Auto(  # noqa: E731
+        candidates=["identity", topk], replan_every=1000, verbose=False
+    )
+    switched = _fit(mirrored, auto, 600, {})
+    fixed = _fit(mirrored, lambda: topk, 600, {})
+    for a, b in zip(switched, fixed):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_revisions_switch_codecs_and_a_checkpoint_keeps_them(
+    mirrored, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(auto_plan, "pick", lambda auto, seconds: 0)
+
+    def everything_sparse(corrected, dense, min_speedup):
+        return tf.ones(tf.shape(corrected)[:1], tf.int32)
+
+    monkeypatch.setattr(replan, "pick", everything_sparse)
+
+    def make():
+        with mirrored.scope():
+            model = _model()
+            opt = tfgc.CompressedOptimizer(
+                keras.optimizers.SGD(0.1),
+                compressors.Auto(
+                    candidates=["identity", compressors.TopK(0.1)],
+                    replan_every=2,
+                    verbose=False,
+                ),
+                bucket_bytes=600,
+            )
+            model.compile(opt, "mse")
+            opt.build(model.trainable_variables)
+        return model, opt
+
+    model, opt = make()
+    assert set(opt.plan.choices) == {0}
+    steps = plan_clock.SETTLE + 3
+    x = np.random.default_rng(0).normal(size=(32 * steps, 12))
+    model.fit(
+        x.astype("float32"), np.zeros((32 * steps, 4)), batch_size=32, verbose=0
+    )
+    assert set(opt.plan.choices) == {1}
+    assert all(np.isfinite(w.numpy()).all() for w in model.weights)
+    path = str(tmp_path / "replanned.weights.h5")
+    model.save_weights(path)
+    monkeypatch.undo()
+    monkeypatch.setattr(auto_plan, "pick", lambda auto, seconds: 0)
+    again, again_opt = make()
+    assert set(again_opt.plan.choices) == {0}
+    again.load_weights(path)
+    assert again_opt.plan.choices == opt.plan.choices
