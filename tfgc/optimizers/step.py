@@ -155,8 +155,7 @@ def exchange_in_buckets(
     bucket is an exchange of its own (`_exchange_bucket`) that reads only
     its own tensors, so TensorFlow's executor starts it as soon as they
     exist, while the backward pass still computes the earlier layers'
-    gradients; its ops are named
-    `tfgc_bucket_<n>/...`.
+    gradients; its ops are named `tfgc_bucket_<n>/...`.
 
     With `agree_finite` (the non-finite guard), each bucket also gathers
     every replica's verdict on its tensors (one small all-gather queued
