@@ -5,6 +5,7 @@ checkpoint."""
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tfgc
@@ -183,3 +184,12 @@ def test_revisions_switch_codecs_and_a_checkpoint_keeps_them(
     assert set(again_opt.plan.choices) == {0}
     again.load_weights(path)
     assert again_opt.plan.choices == opt.plan.choices
+
+
+def test_replanning_needs_error_feedback():
+    with pytest.raises(ValueError, match="error_feedback=False"):
+        tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.1),
+            compressors.Auto(replan_every=10),
+            error_feedback=False,
+        )

@@ -157,9 +157,18 @@ def labels(candidates: Sequence[Compressor]) -> tuple[str, ...]:
     )
 
 
-def check_communicator(auto, communicator) -> None:
-    """Refuses a communicator the planner cannot predict, or one that
-    cannot carry a candidate's payloads (before anything is measured)."""
+def check_arguments(auto, communicator, error_feedback: bool) -> None:
+    """Refuses a communicator the planner cannot predict, one that cannot
+    carry a candidate's payloads, and re-planning without error feedback
+    (its codecs share one residual per variable); before anything is
+    measured."""
+    if auto.replan_every is not None and not error_feedback:
+        raise ValueError(
+            "Auto(replan_every=...) keeps one error-feedback residual per "
+            "variable, which carries what one codec left unsent over to "
+            "the next, and error_feedback=False asks for none. Drop "
+            "error_feedback=False, or replan_every."
+        )
     if isinstance(communicator, Hierarchical):
         raise ValueError(
             "compressor='auto' plans flat exchanges only; the hierarchical "

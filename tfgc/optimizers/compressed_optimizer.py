@@ -138,7 +138,9 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             self.compressor, self.communicator, error_feedback, inner_optimizer
         )
         if isinstance(self.compressor, compressors_lib.Auto):
-            auto_plan.check_communicator(self.compressor, self.communicator)
+            auto_plan.check_arguments(
+                self.compressor, self.communicator, error_feedback
+            )
         # Last, so that a refused configuration leaves the user's optimizer
         # as it was. Both act only inside this wrapper's calls.
         _keras_compat.sum_gradients_unless_summed(inner_optimizer)
