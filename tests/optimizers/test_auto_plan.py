@@ -227,7 +227,7 @@ def test_auto_measures_the_replicas_and_prints_its_table(mirrored, capsys):
         model = _model()
         opt = tfgc.CompressedOptimizer(
             keras.optimizers.SGD(0.1),
-            compressors.Auto(candidates=["identity", TOPK]),
+            compressors.Auto(candidates=["identity", TOPK], trial_steps=None),
             bucket_bytes=600,
         )
         opt.build(model.trainable_variables)

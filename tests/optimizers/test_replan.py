@@ -99,20 +99,28 @@ def test_a_revision_corrects_each_codec_by_what_it_measured():
         )
 
     auto = compressors.Auto(candidates=["identity", "topk"], replan_every=2)
-    planner = replan.Replanner.create(add_variable, auto, 2, (True, False))
+    plan = auto_plan.AutoPlan(
+        auto.candidates,
+        (_bucket(1.0, 0.5, choice=1), _bucket(1.0, 2.0)),
+        2,
+        None,
+        (),
+        "test",
+    )
+    planner = replan.Replanner.create(add_variable, auto, plan, (True, False))
     timing = plan_clock.Timing(
         clock, ((1.0, 0.5), (1.0, 2.0)), choices, None, planner
     )
     counted = 4
     clock.seen.assign(plan_clock.SETTLE + counted)
     clock.busy.assign([counted * 1.5, counted * 1.0])
-    replan.revise_when_due(timing, _OneWorker())
+    replan.step_end(timing, _OneWorker())
     np.testing.assert_array_equal(choices.numpy(), [0, 0])
     np.testing.assert_allclose(planner.factors.numpy(), [1.0, 3.0])
     assert planner.since_seen.numpy() == clock.seen.numpy()
     # Not due again until `replan_every` more exchanges.
     choices.assign([1, 1])
-    replan.revise_when_due(timing, _OneWorker())
+    replan.step_end(timing, _OneWorker())
     np.testing.assert_array_equal(choices.numpy(), [1, 1])
 
 
@@ -193,3 +201,68 @@ def test_replanning_needs_error_feedback():
             compressors.Auto(replan_every=10),
             error_feedback=False,
         )
+
+
+def _bucket(*seconds, choice=0):
+    return auto_plan.BucketChoice(
+        (0,), 1, 4, tuple(seconds), seconds[0], choice
+    )
+
+
+def test_the_contenders_differ_where_the_measurement_cannot_tell():
+    auto = compressors.Auto(candidates=["identity", "topk", "powersgd"])
+    buckets = (
+        _bucket(10.0, 5.0, 5.5, choice=1),  # TopK; PowerSGD within 1.5x
+        _bucket(1.0, 3.0, 1.0, choice=0),  # PowerSGD declines: the same
+        _bucket(8.0, 2.0, 9.0, choice=1),  # only TopK is close
+    )
+    plans = auto_plan.contenders(auto, buckets)
+    assert plans[0] == (1, 0, 1)
+    assert set(plans[1:]) == {(2, 0, 1)}
+    # A wider margin lets dense in where it is within 2x.
+    wide = compressors.Auto(
+        candidates=["identity", "topk", "powersgd"], trial_margin=2.0
+    )
+    assert set(auto_plan.contenders(wide, buckets)) == {
+        (1, 0, 1),
+        (2, 0, 1),
+        (0, 0, 1),
+    }
+
+
+def test_trials_run_each_contender_and_keep_the_fastest():
+    clock = _clock(2)
+    choices = tf.Variable([0, 0], dtype=tf.int32)
+
+    def add_variable(shape, dtype, aggregation, name, initializer):
+        del aggregation
+        make = tf.ones if initializer == "ones" else tf.zeros
+        return tf.Variable(make(shape, dtype), name=name)
+
+    auto = compressors.Auto(candidates=["identity", "topk"], trial_steps=2)
+    plan = auto_plan.AutoPlan(
+        auto.candidates,
+        (_bucket(1.0, 1.0), _bucket(1.0, 1.0)),
+        2,
+        None,
+        (),
+        "test",
+        ((0, 0), (1, 1), (1, 0)),
+    )
+    planner = replan.Replanner.create(add_variable, auto, plan, (True, False))
+    timing = plan_clock.Timing(
+        clock, ((1.0, 1.0), (1.0, 1.0)), choices, None, planner
+    )
+    seen = []
+    t = 0.0
+    for period in [9.0] * plan_clock.SETTLE + [1.0, 1.0, 0.5, 0.5, 0.8, 0.8]:
+        t += period
+        stamps = tf.constant([[t, t], [t + 0.1, t + 0.1]], tf.float64)
+        plan_clock.record(clock, tf.unstack(stamps[0]), tf.unstack(stamps[1]))
+        replan.step_end(timing, _OneWorker())
+        seen.append(tuple(choices.numpy()))
+    # Each contender for two counted steps, then the fastest: the second.
+    assert seen[plan_clock.SETTLE :] == [
+        (0, 0), (1, 1), (1, 1), (1, 0), (1, 0), (1, 1)
+    ]  # fmt: skip
+    np.testing.assert_allclose(planner.periods.numpy(), [1.0, 0.5, 0.8])

@@ -80,6 +80,15 @@ class Auto(Compressor):
             is predicted at least this many times as fast as the fastest
             dense one (fp32 or a 16-bit cast): where they are close, the
             exact sum is worth more. 1.0: the fastest, whatever it is.
+        trial_steps: the start-up measurement sees idle collectives and
+            an idle device, and cannot tell apart candidates whose
+            predictions are within `trial_margin` of each other; the
+            plans that differ by such candidates (at most 4) are each run
+            for this many steps, and the one with the shortest measured
+            step (averaged over the workers) is kept. None: the predicted
+            plan, untried.
+        trial_margin: how close (a factor) a candidate's prediction for
+            a bucket must be to the chosen one's to be tried there.
         replan_every: every this many steps, correct each candidate's
             predictions by what it measured and choose again per bucket
             (a variable's residual is kept across codecs; a codec that
@@ -98,6 +107,8 @@ class Auto(Compressor):
         candidates=None,
         choices=None,
         min_speedup: float = 1.05,
+        trial_steps: int | None = 3,
+        trial_margin: float = 1.5,
         replan_every: int | None = None,
         check_after: int | None = 50,
         verbose: bool = True,
@@ -147,6 +158,20 @@ class Auto(Compressor):
                 "as dense a compressing candidate must be). Received: "
                 f"min_speedup={min_speedup!r}"
             )
+        self.trial_steps = (
+            None
+            if trial_steps is None
+            else base.check_positive_int("trial_steps", trial_steps)
+        )
+        self.trial_margin = _arguments.check_number(
+            "trial_margin", trial_margin, "a number >= 1"
+        )
+        if self.trial_margin < 1:
+            raise ValueError(
+                "`trial_margin` must be a number >= 1 (how close to the "
+                "chosen candidate's prediction another's must be to be "
+                f"tried). Received: trial_margin={trial_margin!r}"
+            )
         self.replan_every = (
             None
             if replan_every is None
@@ -185,6 +210,8 @@ class Auto(Compressor):
             ],
             "choices": None if self.choices is None else list(self.choices),
             "min_speedup": self.min_speedup,
+            "trial_steps": self.trial_steps,
+            "trial_margin": self.trial_margin,
             "replan_every": self.replan_every,
             "check_after": self.check_after,
             "verbose": self.verbose,

@@ -41,6 +41,8 @@ from tfgc.optimizers import planning
 WORKLOADS = (((1024, 1024),), ((64, 64),) * 16)
 #: Timed calls per workload (their median counts).
 REPEATS = 5
+#: The most plans tried in the first steps (`contenders`).
+MAX_CONTENDERS = 4
 
 
 class BucketChoice(NamedTuple):
@@ -76,6 +78,8 @@ class AutoPlan(NamedTuple):
         collectives: the measured collective costs (None: not measured).
         codecs: per candidate, its measured compute (empty: not measured).
         reason: how the choices were made, in words.
+        contenders: the plans (choices per bucket) to try in the first
+            steps, the predicted best first (`contenders`); empty: none.
     """
 
     candidates: tuple[Compressor, ...]
@@ -84,6 +88,7 @@ class AutoPlan(NamedTuple):
     collectives: CollectiveCosts | None
     codecs: tuple[CodecCosts, ...]
     reason: str
+    contenders: tuple[tuple[int, ...], ...] = ()
 
     @property
     def choices(self) -> tuple[int, ...]:
@@ -134,6 +139,16 @@ class AutoPlan(NamedTuple):
                 cells.append(f"{1e3 * b.dense_seconds:.2f}")
             cells.append(names[b.choice])
             rows.append("| " + " | ".join(cells) + " |")
+        if len(self.contenders) > 1:
+            tried = "; ".join(
+                ", ".join(names[c] for c in sorted(set(plan)))
+                for plan in self.contenders
+            )
+            rows += [
+                "",
+                f"Tried in turn before settling (the shortest measured step "
+                f"wins), {len(self.contenders)} plans: {tried}.",
+            ]
         if measured:
             chosen = self.predicted_seconds()
             dense = self.predicted_dense_seconds()
@@ -361,14 +376,40 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
         CodecCosts(*agreed[2 * i : 2 * i + 2])
         for i in range(len(auto.candidates))
     )
+    chosen = choose(
+        settings, var_list, groups, communicator, collectives, codecs
+    )
     return AutoPlan(
         auto.candidates,
-        choose(settings, var_list, groups, communicator, collectives, codecs),
+        chosen,
         peers,
         collectives,
         codecs,
         "measured on this cluster, the fastest predicted per bucket",
+        contenders(auto, chosen) if auto.trial_steps else (),
     )
+
+
+def contenders(auto, buckets) -> tuple[tuple[int, ...], ...]:
+    """The plans worth trying in the step: the predicted best, then per
+    other candidate the best with that candidate in every bucket where
+    its prediction is within `auto.trial_margin` of the chosen one's
+    (where the start-up measurement cannot tell them apart), each plan
+    once, at most `MAX_CONTENDERS`, by predicted total."""
+    best = tuple(b.choice for b in buckets)
+    plans = {best}
+    for c in range(len(auto.candidates)):
+        plan = tuple(
+            c if _close(b.seconds[c], b.seconds[b.choice], auto) else b.choice
+            for b in buckets
+        )
+        plans.add(plan)
+
+    def total(plan):
+        return sum(b.seconds[c] for b, c in zip(buckets, plan))
+
+    others = sorted(plans - {best}, key=lambda p: (total(p), p))
+    return (best, *others[: MAX_CONTENDERS - 1])
 
 
 def choose(
@@ -465,6 +506,14 @@ def _refuse_in_function() -> None:
         )
 
 
+def _close(seconds: float, chosen: float, auto) -> bool:
+    """Whether a candidate predicted `seconds` is worth trying in place of
+    the chosen one: within `auto.trial_margin`, and not predicted exactly
+    the same (a candidate that declines every tensor of the bucket sends
+    it as the dense codec does)."""
+    return seconds != chosen and seconds <= auto.trial_margin * chosen
+
+
 def with_choices(plan: AutoPlan, choices) -> AutoPlan:
     """`plan` with each bucket's candidate replaced by `choices`."""
     buckets = tuple(
@@ -485,24 +534,26 @@ def assignments(plan: AutoPlan, count: int) -> list:
 
 
 def switchable_assignments(
-    settings, plan: AutoPlan, var_list, net, selector
+    settings, plan: AutoPlan, var_list, net, selector, used
 ) -> list:
-    """As `assignments`, with every candidate's phases as `Slot`s over one
-    shared state, for re-planning: `selector` (int32 [buckets]) picks a
-    candidate per bucket and step."""
+    """As `assignments`, with the phases of the `used` candidates as
+    `Slot`s over one shared state (None for the others), for plans that
+    change: `selector` (int32 [buckets]) picks a candidate per bucket and
+    step."""
     out = [planning.Assignment()] * len(var_list)
     for number, bucket in enumerate(plan.buckets):
         for i in bucket.variables:
-            options = _slots(settings, plan.candidates, var_list[i], net)
+            options = _slots(settings, plan.candidates, var_list[i], net, used)
             out[i] = planning.Assignment(
                 None, number, options, selector, bucket.choice
             )
     return out
 
 
-def _slots(settings, candidates, variable, net) -> tuple:
+def _slots(settings, candidates, variable, net, used) -> tuple:
     """Per candidate, its phases for `variable` as `Slot`s (the
-    optimizer's dense codec where a candidate declines the tensor)."""
+    optimizer's dense codec where a candidate declines the tensor); None
+    for candidates not `used` (their state is kept, never run)."""
     part = settings.communicator.compressed_shape(tuple(variable.shape))
     bare = settings._replace(error_feedback=False)  # the slots add it
     phases = [
@@ -514,5 +565,7 @@ def _slots(settings, candidates, variable, net) -> tuple:
     inits = tuple(p[0].init_state for p in phases)
     return tuple(
         tuple(switchable.Slot(i, phase, inits) for phase in p)
+        if i in used
+        else None
         for i, p in enumerate(phases)
     )

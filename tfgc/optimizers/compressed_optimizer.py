@@ -352,7 +352,12 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             initializer=lambda shape, dtype: tf.constant(plan.choices, dtype),
         )
         assigned = auto_plan.switchable_assignments(
-            settings, plan, var_list, net, selector
+            settings,
+            plan,
+            var_list,
+            net,
+            selector,
+            replan.used(self.compressor, plan),
         )
         return plan, selector, assigned
 
@@ -371,7 +376,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         planner = replan.Replanner.create(
             self.add_variable,
             self.compressor,
-            len(plan.buckets),
+            plan,
             tuple(auto_plan.is_dense(c) for c in plan.candidates),
         )
         return plan_clock.Timing(

@@ -1,7 +1,13 @@
-"""Re-planning (`Auto(replan_every=N)`): every N steps the planner's
-predictions are corrected by what each codec measured, and each bucket
-gets the candidate fastest by the corrected predictions, the same on
-every worker.
+"""Plans that change as training runs, the same on every worker.
+
+Trials (`Auto(trial_steps=W)`): the contenders (`auto_plan.contenders`:
+plans whose predictions the start-up measurement cannot tell apart) run
+in turn for W counted steps each; each one's mean step period is
+averaged over the workers, and the shortest wins.
+
+Revisions (`Auto(replan_every=N)`): every N steps after the trials the
+planner's predictions are corrected by what each codec measured, and
+each bucket gets the candidate fastest by the corrected predictions.
 
 Each bucket's exchange is timed in the step (`plan_clock`). At a
 revision, the time each bucket's exchange took since the last one is
@@ -26,31 +32,41 @@ from tfgc.optimizers import plan_clock
 
 
 class Replanner(NamedTuple):
-    """What a revision reads and writes.
+    """What trials and revisions read and write.
 
     Attributes:
-        every: steps between revisions.
+        every: steps between revisions (None: no revisions).
         factors: float64 [candidates]: measured / predicted seconds.
         since_busy: float64 [buckets]: the clock's `busy` at the last
-            revision.
-        since_seen: float64: the clock's `seen` at the last revision.
+            revision (or the end of the trials).
+        since_seen: float64: the clock's `seen` then.
         dense: per candidate, whether it sends every element.
         min_speedup: `Auto.min_speedup`.
+        contenders: the plans tried in turn in the first counted steps
+            (`AutoPlan.contenders`); fewer than two: no trials.
+        window: steps each contender is tried.
+        periods: float64 [contenders]: each one's mean step period.
+        since_period: float64: the clock's `period` when the current
+            trial started.
     """
 
-    every: int
+    every: int | None
     factors: tf.Variable
     since_busy: tf.Variable
     since_seen: tf.Variable
     dense: tuple[bool, ...]
     min_speedup: float
+    contenders: tuple[tuple[int, ...], ...]
+    window: int
+    periods: tf.Variable
+    since_period: tf.Variable
 
     @classmethod
     def create(
         cls,
         add_variable: Callable[..., tf.Variable],
         auto,
-        buckets: int,
+        plan,
         dense: tuple[bool, ...],
     ) -> Replanner:
         def made(name, shape=(), initializer="zeros"):
@@ -62,20 +78,41 @@ class Replanner(NamedTuple):
                 initializer=initializer,
             )
 
+        contenders = plan.contenders if len(plan.contenders) > 1 else ()
         return cls(
             auto.replan_every,
             made("factors", (len(dense),), "ones"),
-            made("since_busy", (buckets,)),
+            made("since_busy", (len(plan.buckets),)),
             made("since_seen"),
             dense,
             auto.min_speedup,
+            contenders,
+            auto.trial_steps or 1,
+            made("periods", (max(len(contenders), 1),)),
+            made("since_period"),
         )
+
+    @property
+    def trial_steps(self) -> int:
+        """Counted steps the trials take (0: none)."""
+        return len(self.contenders) * self.window
 
 
 def enabled(auto, plan) -> bool:
-    """Whether `plan` is re-planned: asked for, and made from
-    measurements (with one worker nothing is exchanged)."""
-    return auto.replan_every is not None and plan.collectives is not None
+    """Whether `plan`'s choices may change as it runs (trials or
+    revisions): asked for, and made from measurements (with one worker
+    nothing is exchanged)."""
+    if plan.collectives is None:
+        return False
+    return auto.replan_every is not None or len(plan.contenders) > 1
+
+
+def used(auto, plan) -> set[int]:
+    """The candidates a bucket may run: every one with revisions, else
+    those of the contenders."""
+    if auto.replan_every is not None:
+        return set(range(len(plan.candidates)))
+    return {c for contender in plan.contenders for c in contender}
 
 
 def pick(corrected: tf.Tensor, dense, min_speedup: float) -> tf.Tensor:
@@ -97,23 +134,74 @@ def pick(corrected: tf.Tensor, dense, min_speedup: float) -> tf.Tensor:
     return tf.where(stay_dense, best_dense, fastest)
 
 
-def revise_when_due(timing: plan_clock.Timing, group) -> None:
-    """A revision, in the steps where one is due (the same steps on every
-    worker: the clock counts alike)."""
+def step_end(timing: plan_clock.Timing, group) -> None:
+    """After a timed exchange: a trial's end or a revision, where one is
+    due (the same steps on every worker: the clock counts alike)."""
+    if timing.replanner.contenders:
+        _close_trial_when_due(timing, group)
+    if timing.replanner.every is not None:
+        _revise_when_due(timing, group)
+
+
+def _counted(clock) -> tf.Tensor:
+    return tf.maximum(clock.seen - float(plan_clock.SETTLE), 0.0)
+
+
+def _agreed(value: tf.Tensor, group) -> tf.Tensor:
+    """The mean of the float64 [n] `value` over the workers."""
+    if group.size == 1:
+        return value
+    return group.all_reduce(value) / group.size
+
+
+def _close_trial_when_due(timing: plan_clock.Timing, group) -> None:
+    """At the end of each trial window: its mean period (agreed) is kept,
+    and the next contender, or after the last the one with the shortest
+    period, takes over."""
+    clock, planner = timing.clock, timing.replanner
+    count, window = len(planner.contenders), float(planner.window)
+    counted = _counted(clock)
+    due = tf.logical_and(
+        tf.logical_and(counted > 0, tf.math.floormod(counted, window) == 0),
+        counted <= count * window,
+    )
+
+    def close():
+        ended = tf.cast(counted / window, tf.int32) - 1
+        mean = (clock.period - planner.since_period) / window
+        mean = _agreed(mean[None], group)[0]
+        periods = tf.tensor_scatter_nd_update(
+            planner.periods, [[ended]], [mean]
+        )
+        planner.periods.assign(periods)
+        planner.since_period.assign(clock.period)
+        following = tf.where(
+            ended + 1 < count,
+            ended + 1,
+            tf.argmin(periods, output_type=tf.int32),
+        )
+        plans = tf.constant(planner.contenders, tf.int32)
+        timing.choices.assign(tf.gather(plans, following))
+        # Revisions measure from here on.
+        planner.since_busy.assign(clock.busy)
+        planner.since_seen.assign(clock.seen)
+
+    tf.cond(due, close, lambda: None)
+
+
+def _revise_when_due(timing: plan_clock.Timing, group) -> None:
+    """A revision every `every` steps once the trials are over."""
     clock, planner = timing.clock, timing.replanner
     settle = float(plan_clock.SETTLE)
-    counted = tf.maximum(clock.seen - settle, 0.0) - tf.maximum(
-        planner.since_seen - settle, 0.0
-    )
+    counted = _counted(clock) - tf.maximum(planner.since_seen - settle, 0.0)
     due = tf.logical_and(
         clock.seen - planner.since_seen >= planner.every, counted > 0
     )
+    if planner.contenders:
+        due = tf.logical_and(due, _counted(clock) > planner.trial_steps)
 
     def revise():
-        window = clock.busy - planner.since_busy
-        if group.size > 1:
-            window = group.all_reduce(window) / group.size
-        measured = window / counted
+        measured = _agreed(clock.busy - planner.since_busy, group) / counted
         table = tf.constant(timing.table, tf.float64)
         current = tf.convert_to_tensor(timing.choices)
         ran = tf.one_hot(current, len(planner.dense), dtype=tf.float64)

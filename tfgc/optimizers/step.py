@@ -212,7 +212,7 @@ def exchange_in_buckets(
         done = [plan_clock.stamp_after([out[i] for i in b]) for b in buckets]
         plan_clock.finish(timing, ready, done, replica_id() == 0)
         if timing.replanner is not None:
-            replan.revise_when_due(timing, communicator.group())
+            replan.step_end(timing, communicator.group())
     joined = tf.concat(verdicts, axis=1) if verdicts else None
     return Exchanged(out, traffic, joined, columns, done_plans, states, buckets)
 
@@ -281,6 +281,10 @@ def _switched(run, plans, step):
     phases taken in turn by the step."""
     branches, first, counts = [], [], []
     for c in range(len(plans[0].options)):
+        if plans[0].options[c] is None:  # never chosen: no branch
+            first.append(0)
+            counts.append(1)
+            continue
         count = max(len(p.options[c]) for p in plans)
         first.append(len(branches))
         counts.append(count)
