@@ -35,6 +35,22 @@ def default_candidates() -> tuple[Compressor, ...]:
     )
 
 
+def _optional_count(name: str, value) -> int | None:
+    """None, or an integer >= 1."""
+    return None if value is None else base.check_positive_int(name, value)
+
+
+def _at_least_one(name: str, value, meaning: str) -> float:
+    """A number >= 1; `meaning` says what it is, for the message."""
+    number = _arguments.check_number(name, value, "a number >= 1")
+    if number < 1:
+        raise ValueError(
+            f"`{name}` must be a number >= 1 ({meaning}). Received: "
+            f"{name}={value!r}"
+        )
+    return number
+
+
 def refusal(candidate: Compressor) -> str | None:
     """Why `candidate` cannot be planned per bucket, or None if it can.
 
@@ -149,45 +165,26 @@ class Auto(Compressor):
                     f"choices={list(choices)}"
                 )
         self.choices = choices
-        self.min_speedup = _arguments.check_number(
-            "min_speedup", min_speedup, "a number >= 1"
+        self.min_speedup = _at_least_one(
+            "min_speedup",
+            min_speedup,
+            "how many times as fast as dense a compressing candidate must be",
         )
-        if self.min_speedup < 1:
-            raise ValueError(
-                "`min_speedup` must be a number >= 1 (how many times as fast "
-                "as dense a compressing candidate must be). Received: "
-                f"min_speedup={min_speedup!r}"
-            )
-        self.trial_steps = (
-            None
-            if trial_steps is None
-            else base.check_positive_int("trial_steps", trial_steps)
+        self.trial_steps = _optional_count("trial_steps", trial_steps)
+        self.trial_margin = _at_least_one(
+            "trial_margin",
+            trial_margin,
+            "how close to the chosen candidate's prediction another's must "
+            "be to be tried",
         )
-        self.trial_margin = _arguments.check_number(
-            "trial_margin", trial_margin, "a number >= 1"
-        )
-        if self.trial_margin < 1:
-            raise ValueError(
-                "`trial_margin` must be a number >= 1 (how close to the "
-                "chosen candidate's prediction another's must be to be "
-                f"tried). Received: trial_margin={trial_margin!r}"
-            )
-        self.replan_every = (
-            None
-            if replan_every is None
-            else base.check_positive_int("replan_every", replan_every)
-        )
+        self.replan_every = _optional_count("replan_every", replan_every)
         if self.replan_every is not None and choices is not None:
             raise ValueError(
                 "`replan_every` corrects the measured predictions, and "
                 "`choices` skips measuring. Give one of them. Received: "
                 f"replan_every={replan_every!r}, choices={list(choices)}"
             )
-        self.check_after = (
-            None
-            if check_after is None
-            else base.check_positive_int("check_after", check_after)
-        )
+        self.check_after = _optional_count("check_after", check_after)
         if not isinstance(verbose, bool):
             raise TypeError(
                 f"`verbose` must be a bool. Received: verbose={verbose!r}"
