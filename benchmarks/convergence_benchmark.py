@@ -87,6 +87,11 @@ COMPRESSORS = {
     "sbc_delay4": ("SBC delay 4", lambda d, m: C.SBC(d, delay=4)),
     "importance": ("importance pruning", lambda d, m: C.ImportancePruning(d)),
     "acpsgd": ("ACP-SGD rank 4", lambda d, m: C.ACPSGD(rank=4)),
+    # The planner's default candidates, its choices revised as it runs.
+    "auto": (
+        "auto (re-planned every 500 steps)",
+        lambda d, m: C.Auto(replan_every=500, verbose=False),
+    ),
 }
 #: Steps per task when --steps is not given.
 STEPS = {"resnet_digits": 200, "lstm_ptb": 3000}
@@ -283,6 +288,9 @@ def _run(task, name, steps, label, make=None):
         "seconds": seconds,
         "losses": [round(v, 5) for v in losses.losses],
     }
+    plan = optimizer.plan
+    if plan is not None:  # the codec of each bucket at the end
+        result["plan"] = [plan.labels[c] for c in plan.choices]
     positions = int(golomb.positions.numpy())
     if positions:
         result["bits_per_position"] = int(golomb.bits.numpy()) / positions
@@ -420,6 +428,13 @@ def markdown(results: dict, plots: dict) -> str:
                 f"{row['run_compression_ratio']:,.0f}x | {bits} | "
                 f"{row['seconds']:.0f} |"
             )
+        for name, row in rows.items():
+            if row.get("plan"):
+                lines += [
+                    "",
+                    f"{COMPRESSORS[name][0]}: the codec of each bucket at "
+                    f"the end (the last first): {', '.join(row['plan'])}.",
+                ]
     return "\n".join(lines) + "\n"
 
 
