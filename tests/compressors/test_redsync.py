@@ -1,9 +1,11 @@
 """RedSync in one process: momentum correction, threshold selection, its
 dense and warm-up paths, DGC's local gradient clipping and density
 warm-up, the cost model that decides per tensor, bad arguments and the
-inner optimizers it refuses. Against numpy on real workers:
+inner optimizers it refuses or warns of. Against numpy on real workers:
 tests/multiworker/test_paper_algorithms.py.
 """
+
+import warnings
 
 import keras
 import numpy as np
@@ -261,6 +263,38 @@ def test_redsync_without_momentum_takes_any_inner_optimizer():
     tfgc.CompressedOptimizer(
         keras.optimizers.Adam(1e-3), compressors.RedSync(momentum=0.0)
     )
+
+
+@pytest.mark.parametrize("option", ["global_clipnorm", "clipnorm"])
+def test_redsync_clipping_warns_of_inner_clipping(option):
+    """RedSync's clipnorm replaces the inner optimizer's: with both, the
+    gradient is clipped twice, and one warning names both values."""
+    inner = keras.optimizers.SGD(0.1, **{option: 1.5})
+    with pytest.warns(UserWarning, match="clipped twice") as record:
+        tfgc.CompressedOptimizer(inner, compressors.RedSync(clipnorm=2.5))
+    assert len(record) == 1
+    message = str(record[0].message)
+    assert "RedSync(clipnorm=2.5)" in message
+    assert f"{option}=1.5" in message
+    assert "drop" in message
+
+
+@pytest.mark.parametrize(
+    "inner, clipnorm",
+    [
+        (lambda: keras.optimizers.SGD(0.1, global_clipnorm=1.5), None),
+        (lambda: keras.optimizers.SGD(0.1, clipnorm=1.5), None),
+        (lambda: keras.optimizers.SGD(0.1), 2.5),
+        (lambda: keras.optimizers.SGD(0.1, clipvalue=1.0), 2.5),
+    ],
+)
+def test_redsync_clipping_once_does_not_warn(inner, clipnorm):
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        tfgc.CompressedOptimizer(
+            inner(), compressors.RedSync(clipnorm=clipnorm)
+        )
+    assert not [w for w in record if "clipped twice" in str(w.message)]
 
 
 def test_redsync_refuses_error_feedback_false():

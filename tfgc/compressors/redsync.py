@@ -154,7 +154,8 @@ class RedSync(base.DensityCompressor):
       warm-up). DGC clips the worker's whole gradient by its global norm;
       a compressor sees one tensor, so tfgc clips each tensor by its own
       norm, as DGC's and PaddlePaddle's code do. `clipnorm` replaces the
-      inner optimizer's clipping: give the inner SGD none.
+      inner optimizer's clipping: give the inner SGD none
+      (`CompressedOptimizer` warns when it clips as well).
     * Warm-up with an exponentially decreasing density
       (`density_warmup_steps`): after the dense steps, the density falls
       by a factor of 4 per stage, 25 %, 6.25 %, 1.5625 %, 0.39 %, ... while
@@ -247,6 +248,7 @@ class RedSync(base.DensityCompressor):
             collectives=(ALL_GATHER_RAGGED if ragged else ALL_GATHER,),
             has_error_feedback=True,
             local_momentum=self.momentum,
+            local_clipnorm=self.clipnorm,
             warmup_steps=self.warmup_steps,
             wants_cost_probe=self.cost_model == PROBE,
             reads_step_info=self.clipnorm is not None,

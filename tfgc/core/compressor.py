@@ -122,6 +122,10 @@ class Spec(NamedTuple):
         local_momentum: momentum the compressor applies itself, per tensor
             (RedSync's momentum correction); the optimizer then refuses an
             inner optimizer that would apply momentum again.
+        local_clipnorm: the threshold of the gradient clipping the
+            compressor applies itself, on each worker before it accumulates
+            (RedSync's `clipnorm`; None: none); the optimizer then warns
+            when the inner optimizer clips the summed gradient as well.
         warmup_steps: steps at the start that send every compressed tensor
             dense, through `Compressor.warmup_compressor()`.
         wants_cost_probe: the optimizer measures the network's costs at
@@ -147,6 +151,7 @@ class Spec(NamedTuple):
     collectives: tuple[str, ...] = (ALL_GATHER,)
     has_error_feedback: bool = False
     local_momentum: float = 0.0
+    local_clipnorm: float | None = None
     warmup_steps: int = 0
     wants_cost_probe: bool = False
     reads_step_info: bool = False

@@ -4,6 +4,8 @@ that cannot be exchanged."""
 
 from __future__ import annotations
 
+import warnings
+
 import keras
 import tensorflow as tf
 
@@ -98,7 +100,8 @@ def check_combination(
 ) -> None:
     """Refuses a compressor whose payload the communicator cannot carry,
     error feedback turned off where it is part of the algorithm, momentum
-    applied twice, and communication delay with gradient accumulation."""
+    applied twice, and communication delay with gradient accumulation;
+    warns of gradient clipping applied twice."""
     name = type(compressor).__name__
     spec = compressor.spec
     for collective in spec.collectives:
@@ -115,6 +118,7 @@ def check_combination(
             "argument or use another compressor."
         )
     _check_momentum_applied_once(compressor, inner)
+    _warn_if_clipped_twice(compressor, inner)
     if spec.compresses_updates and inner.gradient_accumulation_steps:
         raise ValueError(
             f"{name} already communicates once per {spec.delay} local "
@@ -146,6 +150,33 @@ def _check_momentum_applied_once(compressor: Compressor, inner) -> None:
         f"{type(inner).__name__}. Received inner_optimizer="
         f"{type(inner).__name__}"
         + (f"(momentum={inner.momentum})" if hasattr(inner, "momentum") else "")
+    )
+
+
+def _warn_if_clipped_twice(compressor: Compressor, inner) -> None:
+    """Warns when the compressor clips each worker's gradient itself
+    (RedSync's `clipnorm`) and the inner optimizer clips the summed one
+    again."""
+    local = compressor.spec.local_clipnorm
+    if local is None:
+        return
+    clipping = [
+        f"{option}={getattr(inner, option)}"
+        for option in ("global_clipnorm", "clipnorm")
+        if getattr(inner, option, None)
+    ]
+    if not clipping:
+        return
+    name = type(compressor).__name__
+    warnings.warn(
+        f"{name}(clipnorm={local}) clips each worker's gradient before it "
+        f"accumulates, and the inner optimizer {type(inner).__name__}("
+        f"{', '.join(clipping)}) clips the summed update again, so the "
+        f"gradient is clipped twice. {name}'s clipnorm replaces the inner "
+        f"optimizer's clipping: drop {' and '.join(clipping)} from the "
+        f"inner optimizer, or pass {name}(clipnorm=None) to keep it.",
+        UserWarning,
+        stacklevel=4,
     )
 
 
