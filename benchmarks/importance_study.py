@@ -15,8 +15,9 @@ worker its own half of every global batch, error feedback on):
   tests/convergence (SGD 0.05, cosine decay, momentum 0.9, global batch
   32, 1,120 steps, every tensor compressed); training loss on all digits.
 * `lstm`: the 2 x 100 LSTM LM of tests/convergence on the PTB subset
-  (20 unrolled steps, global batch 20, SGD 1, clip-norm 5, 100 steps);
-  test perplexity on 400 windows of ptb.test.txt.
+  (`models.lstm_lm.model.CONVERGENCE_SIZE`: 20 unrolled steps; global
+  batch 20, SGD 1, clip-norm 5, 100 steps); test perplexity on 400
+  windows of ptb.test.txt.
 * `speed`: the lab's `compressors` stand-in (4 x Dense(2,500), 25 M
   weights) on one worker without communication, step time over the floor,
   and the compress step of one 25 M tensor.
@@ -360,19 +361,9 @@ def lstm_task(args):
     from models.lstm_lm import model as lstm_model
 
     train, test, vocab = _ptb_ids()
-    size = lstm_model.ModelSize(
-        hidden_size=100,
-        dropout=0.0,
-        init_scale=0.1,
-        learning_rate=1.0,
-        max_grad_norm=5.0,
-        epochs=1,
-        max_epoch=1,
-        lr_decay=1.0,
-        num_steps=20,
-    )
-    x, y = data.windows(train, 20)
-    tx, ty = data.windows(test, 20)
+    size = lstm_model.CONVERGENCE_SIZE
+    x, y = data.windows(train, size.num_steps)
+    tx, ty = data.windows(test, size.num_steps)
     tx, ty = tx[:400], ty[:400]
     token_loss = keras.losses.SparseCategoricalCrossentropy(
         from_logits=True, reduction="none"
@@ -387,8 +378,12 @@ def lstm_task(args):
         return float(np.exp(np.mean(losses)))
 
     return {
-        "build": lambda: lstm_model.build_model(size, vocab, 20, seed=0),
-        "inner": lambda: keras.optimizers.SGD(1.0, global_clipnorm=5.0),
+        "build": lambda: lstm_model.build_model(
+            size, vocab, size.num_steps, seed=0
+        ),
+        "inner": lambda: keras.optimizers.SGD(
+            size.learning_rate, global_clipnorm=size.max_grad_norm
+        ),
         "data": (x.astype("int32"), y.astype("int32")),
         "batch": 20,
         "steps": args.steps or 100,
