@@ -238,15 +238,18 @@ def _digits_task(tiny: bool):
 TASKS = {"resnet_digits": _digits_task, "lstm_ptb": _ptb_task}
 
 
-def _inner_with_momentum(task, name):
-    """The task's SGD; momentum on it, or in RedSync (never in both)."""
-    momentum = 0.0 if name == "redsync" else task["momentum"]
+def _inner_with_momentum(task, compressor):
+    """The task's SGD; momentum on it, or in the compressor where it
+    applies momentum itself (RedSync's momentum correction), never in
+    both."""
+    momentum = 0.0 if compressor.spec.local_momentum else task["momentum"]
     return keras.optimizers.SGD(momentum=momentum, **task["sgd"])
 
 
-def _run(task, name, steps, label, make=None):
-    """One training run of `task` with the compressor `name` (or the one
-    `make(density, momentum)` returns): its results as a dict."""
+def train(task, make, steps, label):
+    """One training run of `task` with the compressor `make(density,
+    momentum)` returns (a factory as in `COMPRESSORS`), `label` naming it in
+    the progress lines: its results as a dict."""
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     keras.utils.set_random_seed(0)
     x, y = task["train"]
@@ -255,10 +258,9 @@ def _run(task, name, steps, label, make=None):
     ds = ds.shuffle(len(x), seed=0).repeat().batch(global_batch, True)
     with strategy.scope():
         model = task["build"]()
-        make = make or COMPRESSORS[name][1]
         compressor = make(DENSITY, task["momentum"])
         optimizer = tfgc.CompressedOptimizer(
-            _inner_with_momentum(task, name), compressor
+            _inner_with_momentum(task, compressor), compressor
         )
         model.compile(
             optimizer,
@@ -564,7 +566,9 @@ def main(argv=None) -> int:
                 f"{steps} steps ({time.perf_counter() - begin:.0f} s in)",
                 flush=True,
             )
-            run = _run(task, name, steps, f"{task_name} {name}")
+            run = train(
+                task, COMPRESSORS[name][1], steps, f"{task_name} {name}"
+            )
             run["command"] = meta["command"]
             runs = results[task_name]["runs"]
             runs[name] = run

@@ -191,13 +191,13 @@ def main(argv=None) -> int:
             f"({time.perf_counter() - begin:.0f} s in)",
             flush=True,
         )
-        make = None
+        make = cb.COMPRESSORS["dense"][1]
         if density is not None:
 
             def make(_density, _momentum, density=density, delay=delay):
                 return tfgc.compressors.SBC(density, delay=delay)
 
-        run = cb._run(task, "dense", args.steps, name, make=make)
+        run = cb.train(task, make, args.steps, name)
         del run["losses"]
         run["rounds"] = args.steps // (delay or 1)
         run["bits_per_worker"] = 8 * run["run_mean_bytes"] * args.steps
