@@ -282,7 +282,7 @@ def analytic_bytes(
 def _compressors(optimizer, count: int) -> list:
     """Each variable's compressor: the planner's choice for its bucket
     under `compressor="auto"`, else the optimizer's."""
-    plan = optimizer.plan
+    plan = getattr(optimizer, "plan", None)
     if plan is None:
         return [optimizer.compressor] * count
     chosen = [tfgc.compressors.Identity()] * count

@@ -6,10 +6,6 @@ Use a class directly (`TopK(density=0.01)`) or by name
 
 from __future__ import annotations
 
-import difflib
-
-import keras
-
 from tfgc.compressors.acpsgd import ACPSGD
 from tfgc.compressors.auto import Auto
 from tfgc.compressors.base import check_density
@@ -20,6 +16,7 @@ from tfgc.compressors.mstopk import MSTopK
 from tfgc.compressors.powersgd import PowerSGD
 from tfgc.compressors.randomk import RandomK
 from tfgc.compressors.redsync import RedSync
+from tfgc.compressors.registry import get, names, register
 from tfgc.compressors.sbc import SBC
 from tfgc.compressors.sign import SignSGD
 from tfgc.compressors.topk import TopK
@@ -32,61 +29,7 @@ from tfgc.core.wire import (
     BROADCAST,
 )
 
-_BY_NAME = {
-    "auto": Auto,
-    "identity": Identity,
-    "none": Identity,
-    "fp16": FP16,
-    "bf16": BF16,
-    "topk": TopK,
-    "mstopk": MSTopK,
-    "redsync": RedSync,
-    "randomk": RandomK,
-    "signsgd": SignSGD,
-    "sign": SignSGD,
-    "powersgd": PowerSGD,
-    "acpsgd": ACPSGD,
-    "sbc": SBC,
-    "importance": ImportancePruning,
-}
-
-
-def names() -> list[str]:
-    """The names `get` accepts."""
-    return sorted(_BY_NAME)
-
-
-def get(identifier, **kwargs) -> Compressor:
-    """Returns a compressor from a name, a Keras config dict or an instance.
-
-    Args:
-        identifier: a name such as "topk" (case and "-"/"_" ignored), a dict
-            from `keras.saving.serialize_keras_object`, or a `Compressor`.
-        **kwargs: constructor arguments, with a name only; checked as the
-            class checks them (`TopK(densty=0.1)` names `density`).
-    """
-    if isinstance(identifier, Compressor):
-        if kwargs:
-            raise ValueError(
-                "Keyword arguments go with a compressor name, not an "
-                f"instance. Received: {identifier!r} and {kwargs}"
-            )
-        return identifier
-    if isinstance(identifier, dict):
-        return keras.saving.deserialize_keras_object(identifier)
-    if isinstance(identifier, str):
-        key = identifier.lower().replace("-", "").replace("_", "")
-        if key in _BY_NAME:
-            return _BY_NAME[key](**kwargs)
-    close = ""
-    if isinstance(identifier, str):
-        match = difflib.get_close_matches(identifier.lower(), names(), n=1)
-        close = f"Did you mean {match[0]!r}? " if match else ""
-    raise ValueError(
-        f"Unknown compressor {identifier!r}. {close}Use one of {names()}, a "
-        "tfgc.compressors.Compressor instance, or a Keras config dict."
-    )
-
+register("auto", Auto)
 
 __all__ = [
     "ACPSGD",

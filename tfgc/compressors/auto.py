@@ -10,7 +10,7 @@ from __future__ import annotations
 import keras
 
 from tfgc import _arguments
-from tfgc.compressors import base
+from tfgc.compressors import base, registry
 from tfgc.compressors.acpsgd import ACPSGD
 from tfgc.compressors.dense import FP16, Identity
 from tfgc.compressors.mstopk import MSTopK
@@ -129,13 +129,11 @@ class Auto(Compressor):
         check_after: int | None = 50,
         verbose: bool = True,
     ):
-        from tfgc import compressors as compressors_lib
-
         if candidates is None:
             candidates = default_candidates()
         if isinstance(candidates, (str, dict, Compressor)):
             candidates = [candidates]
-        self.candidates = tuple(compressors_lib.get(c) for c in candidates)
+        self.candidates = tuple(registry.get(c) for c in candidates)
         if not self.candidates:
             raise ValueError(
                 "`candidates` must name at least one codec. Received: "
