@@ -169,3 +169,135 @@ def test_ragged_gather_carries_unequal_sizes_and_dtypes(mirrored):
     own = sum(i * s for i, s in enumerate(sizes))
     first = mirrored.experimental_local_results(overhead)[0]
     assert int(first) == 4 * rung + 4 - own
+
+
+# --- the intra-host sum: reduce-scatter where TensorFlow has one --------------
+
+_GPU = "/job:worker/replica:0/task:0/device:GPU:0"
+_CPU = "/job:worker/replica:0/task:0/device:CPU:0"
+_IMPL = tf.distribute.experimental.CommunicationImplementation
+
+
+@pytest.mark.parametrize(
+    "device_type, implementation, expected",
+    [
+        ("CPU", "AUTO", False),
+        ("CPU", "RING", False),
+        ("CPU", "NCCL", False),
+        (None, "NCCL", False),  # no device named: the default, a CPU
+        ("GPU", "NCCL", True),
+        ("GPU", "nccl", True),
+        ("GPU", "RING", False),
+        # TensorFlow maps "auto" to NCCL only under the session option
+        # `collective_nccl`, which its eager strategies do not set.
+        ("GPU", "AUTO", False),
+    ],
+)
+def test_reduce_scatter_only_on_gpus_with_nccl(
+    device_type, implementation, expected
+):
+    has = communicators.collectives.has_reduce_scatter
+    assert has(device_type, implementation) is expected
+
+
+def _group(device, implementation=None, members=(0, 1)):
+    options = None
+    if implementation is not None:
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=implementation
+        )
+    topology = Topology((0,) * len(members), (device,), "test", False)
+    return communicators.collectives.Group(topology, members, 0, options)
+
+
+def test_group_reads_its_device_and_options_for_the_reduce_scatter():
+    assert _group(_GPU, _IMPL.NCCL).has_reduce_scatter
+    assert not _group(_GPU).has_reduce_scatter
+    assert not _group(_GPU, _IMPL.RING).has_reduce_scatter
+    assert not _group(_CPU, _IMPL.NCCL).has_reduce_scatter
+
+
+def test_group_reduce_scatter_refuses_while_tracing():
+    # Both refusals come before any collective is issued, so nothing runs.
+    with pytest.raises(ValueError, match="only on GPUs with NCCL"):
+        _group(_CPU, _IMPL.NCCL).reduce_scatter(tf.zeros([4]))
+    with pytest.raises(ValueError, match="divisible by the group size"):
+        _group(_GPU, _IMPL.NCCL).reduce_scatter(tf.zeros([5]))
+    with pytest.raises(ValueError, match="1-D tensor"):
+        _group(_GPU, _IMPL.NCCL).reduce_scatter(tf.zeros([2, 2]))
+    one = _group(_CPU, members=(0,))
+    np.testing.assert_array_equal(one.reduce_scatter(tf.ones([3])), [1, 1, 1])
+
+
+@pytest.mark.parametrize(
+    "device, implementation, expected",
+    [
+        (_CPU, None, "all_reduce_and_slice"),
+        (_CPU, _IMPL.NCCL, "all_reduce_and_slice"),
+        (_GPU, _IMPL.NCCL, "reduce_scatter"),
+        (_GPU, _IMPL.RING, "all_reduce_and_slice"),
+        (_GPU, _IMPL.AUTO, "all_reduce_and_slice"),
+    ],
+)
+def test_hierarchical_names_its_intra_host_reduce(
+    device, implementation, expected
+):
+    options = None
+    if implementation is not None:
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=implementation
+        )
+    h = communicators.Hierarchical(options=options)
+    with pytest.raises(ValueError, match="not built"):
+        h.intra_host_reduce  # noqa: B018
+    h.build(Topology((0, 0, 1, 1), (device,), "test", True))
+    assert h.intra_host_reduce == expected
+
+
+class _FakeHost:
+    """A host group of `size` members that all hold the same blocks: the
+    collectives are computed locally, so no reduce-scatter runs on CPU."""
+
+    def __init__(self, size, rank, has_reduce_scatter):
+        self.size, self.rank = size, rank
+        self.has_reduce_scatter = has_reduce_scatter
+        self.calls = []
+
+    def all_reduce(self, buffer):
+        self.calls.append("all_reduce")
+        return buffer * self.size
+
+    def reduce_scatter(self, buffer):
+        self.calls.append("reduce_scatter")
+        return tf.reshape(buffer, [self.size, -1])[self.rank] * self.size
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_both_intra_host_sums_give_each_worker_its_shard(rank):
+    h = communicators.Hierarchical(dense_threshold=0)
+    h.build(_topology([0, 0, 0, 1, 1, 1]))
+    tensors = [
+        tf.reshape(tf.range(20, dtype=tf.float32), (5, 4)),
+        tf.range(7, dtype=tf.float64),
+        tf.reshape(tf.range(30, dtype=tf.float32), (10, 3)) * -1,
+    ]
+    blocks = [h._blocks(t, 3) for t in tensors]
+    results = {}
+    for has in (True, False):
+        host = _FakeHost(3, rank, has)
+        results[has] = h._host_shard_sums(blocks, host)
+        expected = "reduce_scatter" if has else "all_reduce"
+        assert host.calls == [expected] * 2  # one collective per dtype
+    for block, scattered, sliced in zip(blocks, results[True], results[False]):
+        want = 3 * block.numpy()[rank]
+        np.testing.assert_array_equal(scattered.numpy(), want)
+        np.testing.assert_array_equal(sliced.numpy(), want)
+
+
+def test_intra_host_bytes_count_the_block_and_a_shard_for_either_sum():
+    block = tf.zeros((3, 48 * 300), tf.float32)
+    # The block into step 1 (all-reduce or reduce-scatter alike, before
+    # the transport factor) and one shard into step 4's gather.
+    assert communicators.hierarchical._intra_host_bytes(block) == (
+        4 * 48 * 300 * 4
+    )

@@ -61,6 +61,24 @@ def group_key(topology: Topology, members: Sequence[int]) -> int:
     return _GROUP_KEY_BASE + zlib.crc32(text.encode()) % _GROUP_KEY_SPAN
 
 
+def has_reduce_scatter(device_type: str | None, implementation: str) -> bool:
+    """Whether `CollectiveReduceScatterV2` runs on `device_type` (e.g.
+    "GPU", "CPU") with `implementation` ("AUTO", "RING" or "NCCL", any case).
+
+    TensorFlow implements the reduce-scatter with NCCL only: its collective
+    parameter resolver names every other combination "undef", which fails
+    at run time with "did not find collective implementation" (and without
+    an ordering token it hung, on CPU, in our tries). NCCL is chosen only
+    for GPU groups whose communication hint is "nccl"; "auto" maps to NCCL
+    only where the session config sets `collective_nccl`, which
+    TensorFlow 2's strategies do not set in eager mode, so AUTO counts as
+    no reduce-scatter. Callers fall back to an all-reduce and a slice.
+    """
+    return (device_type or "").upper() == "GPU" and (
+        implementation.upper() == "NCCL"
+    )
+
+
 def _ordering_token(device: str) -> tf.Tensor:
     with _lock:
         token = _tokens.get(device)
@@ -108,6 +126,13 @@ class Group:
             self._hint = options.implementation.value
             self._timeout = float(options.timeout_seconds or 0.0)
 
+    @property
+    def has_reduce_scatter(self) -> bool:
+        """Whether `reduce_scatter` works on this group's device with its
+        options (see the module function `has_reduce_scatter`)."""
+        device_type = tf.DeviceSpec.from_string(self.device).device_type
+        return has_reduce_scatter(device_type, self._hint)
+
     def _instance_keys(self, count: int) -> int:
         """Reserves `count` consecutive instance keys; returns the first."""
         with _lock:
@@ -154,6 +179,42 @@ class Group:
                 final_op="Id",
                 **self._common(self._instance_keys(1)),
             )
+
+    def reduce_scatter(self, buffer: tf.Tensor) -> tf.Tensor:
+        """This member's part of the sum of every member's 1-D `buffer`:
+        elements rank * L .. (rank + 1) * L - 1, L = len(buffer) / size.
+
+        Moves (size - 1) / size of the buffer per member on a ring, half
+        of an all-reduce. Only where `has_reduce_scatter` is True (GPUs
+        with NCCL); elsewhere it raises while tracing rather than fail or
+        hang at run time.
+        """
+        length = buffer.shape.num_elements() if buffer.shape.rank == 1 else None
+        if length is None or length % self.size:
+            raise ValueError(
+                "`buffer` must be a 1-D tensor of static length divisible "
+                f"by the group size ({self.size}). Received: shape "
+                f"{buffer.shape}. Pad it to a multiple of {self.size}."
+            )
+        if self.size == 1:
+            return buffer
+        if not self.has_reduce_scatter:
+            raise ValueError(
+                "TensorFlow has a reduce-scatter only on GPUs with NCCL; "
+                f"this group runs on {self.device!r} with communication "
+                f"implementation {self._hint.upper()}. Pass "
+                "tf.distribute.experimental.CommunicationOptions("
+                "implementation=NCCL) on GPUs, or use all_reduce and slice."
+            )
+        self._refuse_xla("CollectiveReduceScatterV2")
+        common = self._common(self._instance_keys(1))
+        # TensorFlow's resolver compares the hint with "nccl" verbatim.
+        common["communication_hint"] = self._hint.lower()
+        with tf.device(self.device):
+            shard = tf.raw_ops.CollectiveReduceScatterV2(
+                input=buffer, merge_op="Add", final_op="Id", **common
+            )
+        return tf.reshape(shard, [length // self.size])
 
     def _gather(self, buffer: tf.Tensor, keys: int = 1, which=0) -> tf.Tensor:
         """A gather under instance key `which` of `keys` reserved ones.

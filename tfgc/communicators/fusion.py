@@ -47,6 +47,14 @@ def _num_words(count: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
     return (count * dtype.size + 3) // 4
 
 
+def _by_dtype(tensors) -> list[list[int]]:
+    """Indices of `tensors` grouped by dtype: one collective per group."""
+    groups: dict[tf.DType, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(t.dtype, []).append(i)
+    return list(groups.values())
+
+
 def _fuse(tensors, collective, encode, decode, lead):
     """Runs `collective` once per wire dtype over the flattened tensors.
 
@@ -56,11 +64,8 @@ def _fuse(tensors, collective, encode, decode, lead):
     all-reduce; lead=p: [p, length]).
     """
     wires = [encode(tf.reshape(t, [-1])) for t in tensors]
-    groups: dict[tf.DType, list[int]] = {}
-    for i, wire in enumerate(wires):
-        groups.setdefault(wire.dtype, []).append(i)
     out = [None] * len(tensors)
-    for members in groups.values():
+    for members in _by_dtype(wires):
         sizes = [wires[i].shape[0] for i in members]
         result = collective(tf.concat([wires[i] for i in members], axis=0))
         if lead:
@@ -77,6 +82,26 @@ def _fuse(tensors, collective, encode, decode, lead):
 def all_reduce_sum(tensors, group: Group):
     """Sums each tensor over the group, one all-reduce per dtype."""
     return _fuse(tensors, group.all_reduce, lambda t: t, lambda t, _: t, 0)
+
+
+def reduce_scatter_sum(blocks, group: Group):
+    """Row `group.rank` of each [size, length] block, summed over the
+    group: one reduce-scatter per dtype (GPUs with NCCL only, see
+    `Group.reduce_scatter`).
+
+    A reduce-scatter hands member r the r-th of `size` equal slices of its
+    buffer, so the blocks are joined along their rows' length: slice r of
+    the fused buffer is row r of every block.
+    """
+    out = [None] * len(blocks)
+    for members in _by_dtype(blocks):
+        lengths = [blocks[i].shape[1] for i in members]
+        joined = tf.concat([blocks[i] for i in members], axis=1)
+        shard = group.reduce_scatter(tf.reshape(joined, [-1]))
+        pieces = tf.split(shard, lengths) if len(members) > 1 else [shard]
+        for i, piece in zip(members, pieces):
+            out[i] = piece
+    return out
 
 
 def all_gather(tensors, group: Group):

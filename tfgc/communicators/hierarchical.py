@@ -14,6 +14,11 @@ from tfgc.communicators.topology import Topology
 from tfgc.core import wire
 from tfgc.core.wire import num_elements
 
+#: The collectives that can sum a gradient inside a host (step 1), as
+#: `Hierarchical.intra_host_reduce` names them.
+REDUCE_SCATTER = "reduce_scatter"
+ALL_REDUCE_AND_SLICE = "all_reduce_and_slice"
+
 
 def _shard_rows(shape: tuple[int, ...]) -> tuple[int, int]:
     """(rows, cols) of the view that is split by rows among a host."""
@@ -21,6 +26,31 @@ def _shard_rows(shape: tuple[int, ...]) -> tuple[int, int]:
         return num_elements(shape), 1
     cols = int(shape[-1])
     return num_elements(shape) // max(cols, 1), cols
+
+
+def _host_reduce(host: Group) -> str:
+    """Step 1's collective in `host`.
+
+    Decided while tracing from the group's device type and communication
+    options, which every worker of a host shares, so all members issue the
+    same collective (a mismatch would hang). Hosts may differ: no
+    collective of step 1 spans hosts.
+    """
+    return REDUCE_SCATTER if host.has_reduce_scatter else ALL_REDUCE_AND_SLICE
+
+
+def _intra_host_bytes(block: tf.Tensor) -> int:
+    """Bytes one worker puts into the host's collectives for one [g, shard
+    size] block: the block into step 1, its shard into step 4's gather.
+
+    Like every count of `compression_stats`, this is before the
+    collective's own transport, so it is the same for either step 1: a
+    reduce-scatter and an all-reduce both take the whole block. On a ring
+    the reduce-scatter then moves (g-1)/g of it per worker and the
+    all-reduce 2(g-1)/g; `Hierarchical.intra_host_reduce` says which ran.
+    """
+    g, shard = block.shape
+    return (g + 1) * shard * block.dtype.size
 
 
 class Hierarchical(Communicator):
@@ -34,9 +64,11 @@ class Hierarchical(Communicator):
     1. Inside each host the workers sum the gradient and worker l keeps
        shard l: rows l*R .. (l+1)*R - 1 of the (prod(shape[:-1]),
        shape[-1]) view, R = ceil(rows / g), zero-padded (1-D tensors are
-       split into g pieces). TensorFlow has no reduce-scatter on CPU, so
-       this is an all-reduce inside the host followed by a slice: twice a
-       reduce-scatter's bytes, none of them on the network between hosts.
+       split into g pieces). On GPUs with the NCCL implementation this
+       is a reduce-scatter; TensorFlow has none elsewhere (CPU, RING,
+       AUTO), so there it is an all-reduce inside the host followed by a
+       slice: twice a reduce-scatter's transport, none of it on the
+       network between hosts. `intra_host_reduce` says which.
     2. The compressor (with error feedback, if asked) compresses the shard;
        with `MSTopK(density)` that is k = density * n / g per worker.
     3. Workers with the same local rank on every host exchange the
@@ -142,6 +174,19 @@ class Hierarchical(Communicator):
         return len(self._require_built()) // self.num_hosts
 
     @property
+    def intra_host_reduce(self) -> str:
+        """Which collective sums a gradient inside the host (step 1):
+        "reduce_scatter" (GPUs with NCCL) or "all_reduce_and_slice".
+
+        Read after the build; it is decided from this worker's device and
+        `options`, as the step decides it while tracing.
+        """
+        hosts = self._require_built()
+        # topology.device maps any replica id to one of this worker's.
+        members = [r for r, h in enumerate(hosts) if h == hosts[0]]
+        return _host_reduce(Group(self.topology, members, 0, self.options))
+
+    @property
     def num_peers(self) -> int:
         return self.num_hosts
 
@@ -181,6 +226,13 @@ class Hierarchical(Communicator):
         flat = tf.reshape(tensor, [-1])
         flat = tf.pad(flat, [[0, g * shard_size - flat.shape[0]]])
         return tf.reshape(flat, [g, shard_size])
+
+    def _host_shard_sums(self, blocks, host: Group):
+        """Row `host.rank` of each [g, shard size] block summed over the
+        host (step 1), with the collective `_host_reduce` picks."""
+        if _host_reduce(host) == REDUCE_SCATTER:
+            return fusion.reduce_scatter_sum(blocks, host)
+        return [s[host.rank] for s in fusion.all_reduce_sum(blocks, host)]
 
     def step(
         self,
@@ -229,17 +281,17 @@ class Hierarchical(Communicator):
         if sharded:
             g = host.size
 
-            def own_shard(i, blocks):
-                shape = self.compressed_shape(tensors[i].shape)
-                return tf.reshape(blocks[host.rank], shape)
+            def as_shard(i, row):
+                return tf.reshape(row, self.compressed_shape(tensors[i].shape))
 
             blocks = [self._blocks(tensors[i], g) for i in sharded]
-            host_sums = fusion.all_reduce_sum(blocks, host)
-            shards = [own_shard(i, b) for i, b in zip(sharded, host_sums)]
+            host_sums = self._host_shard_sums(blocks, host)
+            shards = [as_shard(i, row) for i, row in zip(sharded, host_sums)]
             values = None
             if variables is not None:
                 values = [
-                    own_shard(i, self._blocks(variables[i], g)) for i in sharded
+                    as_shard(i, self._blocks(variables[i], g)[host.rank])
+                    for i in sharded
                 ]
             out, out_states, s, o = run(sharded, shards, peers, values)
             sent, overhead = sent + s, overhead + o
@@ -253,8 +305,8 @@ class Hierarchical(Communicator):
                 flat = tf.reshape(whole, [-1])[:n_i]
                 totals[i] = tf.reshape(flat, tensors[i].shape)
                 new_states[i] = state
-                if g > 1:  # the block into the host's all-reduce, a shard out
-                    intra += (g + 1) * block.shape[1] * block.dtype.size
+                if g > 1:
+                    intra += _intra_host_bytes(block)
         traffic = wire.Traffic(sent, overhead, tf.cast(intra, tf.int64))
         return exchange.StepResult(totals, new_states, traffic)
 

@@ -311,8 +311,10 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         what went on the wire beyond them (headers and padding of gathers
         whose payloads differ in size between workers);
         `intra_host_bytes` stayed inside the host (hierarchical
-        communicator); `dense_bytes` is what an uncompressed all-reduce
-        carries; `compression_ratio` is dense / (sent + overhead). The
+        communicator, whose `intra_host_reduce` names the collective
+        that summed inside the host); `dense_bytes` is what an
+        uncompressed all-reduce carries; `compression_ratio` is dense /
+        (sent + overhead). The
         `run_` values count every step since the optimizer was built:
         `run_steps` the steps, `run_mean_bytes` (sent + overhead) per step
         and `run_compression_ratio` dense / that (with SBC's communication
