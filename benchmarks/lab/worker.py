@@ -46,6 +46,7 @@ import tensorflow as tf
 import tfgc
 from tfgc.compressors import ALL_GATHER, ALL_GATHER_RAGGED, ALL_REDUCE
 from tfgc.core.wire import BROADCAST
+from tfgc.optimizers import auto_plan
 
 #: Batch per worker of each model.
 BATCH = {
@@ -285,11 +286,10 @@ def _compressors(optimizer, count: int) -> list:
     plan = getattr(optimizer, "plan", None)
     if plan is None:
         return [optimizer.compressor] * count
-    chosen = [tfgc.compressors.Identity()] * count
-    for bucket in plan.buckets:
-        for i in bucket.variables:
-            chosen[i] = plan.candidates[bucket.choice]
-    return chosen
+    return [
+        a.compressor or tfgc.compressors.Identity()
+        for a in auto_plan.assignments(plan, count)
+    ]
 
 
 def plan_record(optimizer) -> dict | None:

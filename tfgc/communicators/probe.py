@@ -46,10 +46,6 @@ def median_seconds(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
-def _all_reduce_fn(strategy, num_floats: int, options):
-    return _collective_fn(strategy, num_floats, options, "all_reduce")
-
-
 def _collective_fn(strategy, num_floats: int, options, method: str):
     """A callable that runs one `Group` collective (`method`) of a float32
     buffer of `num_floats` among all replicas and waits for it."""
@@ -69,9 +65,11 @@ def _collective_fn(strategy, num_floats: int, options, method: str):
     return lambda: run().numpy()
 
 
-def _heavy_tailed(n: int) -> tf.Tensor:
-    rng = np.random.default_rng(0)
-    return tf.constant(rng.standard_t(2, size=n).astype(np.float32))
+def heavy_tailed(shape, seed: int = 0) -> tf.Tensor:
+    """float32 values like real gradients' (Student's t, 2 degrees of
+    freedom), the same for the same `shape` and `seed`."""
+    rng = np.random.default_rng(seed)
+    return tf.constant(rng.standard_t(2, size=shape).astype(np.float32))
 
 
 def measure_local(
@@ -90,7 +88,8 @@ def measure_local(
     if p > 1:
         small, large = (
             median_seconds(
-                _all_reduce_fn(strategy, size // 4, options), repeats
+                _collective_fn(strategy, size // 4, options, "all_reduce"),
+                repeats,
             )
             for size in SIZES
         )
@@ -98,7 +97,7 @@ def measure_local(
         fixed = max(small - slope * SIZES[0], 0.0)
         latency = fixed / (2 * (p - 1))
         bandwidth = 2 * (p - 1) / (p * slope)
-    x = _heavy_tailed(COMPUTE_ELEMENTS)
+    x = heavy_tailed(COMPUTE_ELEMENTS)
     k = max(1, int(_DENSITY * COMPUTE_ELEMENTS))
     select = tf.function(lambda: ops.top_k_sample(x, k, mode="threshold")[1])
     indices = select()

@@ -274,12 +274,6 @@ def _dense_loads(variables, communicator) -> list[list[TensorLoad]]:
     ]
 
 
-def _heavy_tailed(shape, seed: int) -> tf.Tensor:
-    """Values like real gradients' (Student's t, 2 degrees of freedom)."""
-    rng = np.random.default_rng(seed)
-    return tf.constant(rng.standard_t(2, size=shape).astype(np.float32))
-
-
 def _codec_seconds(settings, candidate, shapes, communicator, topology):
     """Median seconds of one local exchange (one-worker group: nothing
     leaves this worker) of `shapes` under `candidate`, as the optimizer
@@ -289,7 +283,7 @@ def _codec_seconds(settings, candidate, shapes, communicator, topology):
     chosen = settings._replace(compressor=candidate, min_compress_size=0)
     net = Network(1, None)
     stubs = [_Stub(shape) for shape in shapes]
-    tensors = [_heavy_tailed(s, i) for i, s in enumerate(shapes)]
+    tensors = [probe.heavy_tailed(s, i) for i, s in enumerate(shapes)]
     phase_lists = [
         planning.compressors_for(chosen, stub, stub.shape, net)[0]
         for stub in stubs
