@@ -222,14 +222,24 @@ def _model():
     )
 
 
-def test_auto_measures_the_replicas_and_prints_its_table(mirrored, capsys):
-    with mirrored.scope():
+def _planned(strategy, auto, **options):
+    """(model, optimizer): the small model compiled in `strategy` with
+    `auto` in buckets of 600 bytes (`options`: the optimizer's others)."""
+    with strategy.scope():
         model = _model()
         opt = tfgc.CompressedOptimizer(
-            keras.optimizers.SGD(0.1),
-            compressors.Auto(candidates=["identity", TOPK], trial_steps=None),
-            bucket_bytes=600,
+            keras.optimizers.SGD(0.1), auto, bucket_bytes=600, **options
         )
+        model.compile(opt, "mse")
+    return model, opt
+
+
+def test_auto_measures_the_replicas_and_prints_its_table(mirrored, capsys):
+    model, opt = _planned(
+        mirrored,
+        compressors.Auto(candidates=["identity", TOPK], trial_steps=None),
+    )
+    with mirrored.scope():
         opt.build(model.trainable_variables)
     plan = opt.plan
     assert plan.num_peers == 4
@@ -276,15 +286,7 @@ def _topk():
 
 
 def test_a_mixed_plan_sends_each_bucket_by_its_codec(mirrored):
-    with mirrored.scope():
-        model = _model()
-        opt = tfgc.CompressedOptimizer(
-            keras.optimizers.SGD(0.1),
-            _auto([1, 0, 1, 0])(),
-            min_compress_size=0,
-            bucket_bytes=600,
-        )
-        model.compile(opt, "mse")
+    model, opt = _planned(mirrored, _auto([1, 0, 1, 0])(), min_compress_size=0)
     x = np.random.default_rng(0).normal(size=(32, 12)).astype("float32")
     model.fit(x, np.zeros((32, 4)), batch_size=32, epochs=1, verbose=0)
     assert opt.plan.reason == "given"
@@ -373,16 +375,12 @@ def test_training_times_the_plans_buckets(mirrored, monkeypatch):
     runs once, when due (here made to warn whatever it finds)."""
     monkeypatch.setattr(plan_clock, "TOLERANCE", -1.0)
     steps = plan_clock.SETTLE + 4
-    with mirrored.scope():
-        model = _model()
-        opt = tfgc.CompressedOptimizer(
-            keras.optimizers.SGD(0.1),
-            compressors.Auto(
-                candidates=["identity", TOPK], check_after=2, verbose=False
-            ),
-            bucket_bytes=600,
-        )
-        model.compile(opt, "mse")
+    model, opt = _planned(
+        mirrored,
+        compressors.Auto(
+            candidates=["identity", TOPK], check_after=2, verbose=False
+        ),
+    )
     x = np.random.default_rng(0).normal(size=(32 * steps, 12))
     with pytest.warns(UserWarning, match="over 2 steps") as caught:
         model.fit(
@@ -417,14 +415,9 @@ def _texts(log_dir) -> dict[int, str]:
 
 def test_the_plan_and_its_report_reach_tensorboard(mirrored, tmp_path):
     steps = plan_clock.SETTLE + 2
-    with mirrored.scope():
-        model = _model()
-        opt = tfgc.CompressedOptimizer(
-            keras.optimizers.SGD(0.1),
-            compressors.Auto(candidates=["identity", TOPK], verbose=False),
-            bucket_bytes=600,
-        )
-        model.compile(opt, "mse")
+    model, opt = _planned(
+        mirrored, compressors.Auto(candidates=["identity", TOPK], verbose=False)
+    )
     x = np.zeros((32 * steps, 12), "float32")
     model.fit(
         x,

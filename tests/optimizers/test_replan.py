@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import tfgc
 from tests.compressors.common import heavy_tailed, shared_key
-from tests.optimizers.test_auto_plan import _clock, _fit, _model
+from tests.optimizers.test_auto_plan import _clock, _fit, _planned
 from tfgc import communicators, compressors
 from tfgc.communicators import exchange
 from tfgc.communicators import topology as topology_lib
@@ -160,18 +160,13 @@ def test_revisions_switch_codecs_and_a_checkpoint_keeps_them(
     monkeypatch.setattr(replan, "pick", everything_sparse)
 
     def make():
+        auto = compressors.Auto(
+            candidates=["identity", compressors.TopK(0.1)],
+            replan_every=2,
+            verbose=False,
+        )
+        model, opt = _planned(mirrored, auto)
         with mirrored.scope():
-            model = _model()
-            opt = tfgc.CompressedOptimizer(
-                keras.optimizers.SGD(0.1),
-                compressors.Auto(
-                    candidates=["identity", compressors.TopK(0.1)],
-                    replan_every=2,
-                    verbose=False,
-                ),
-                bucket_bytes=600,
-            )
-            model.compile(opt, "mse")
             opt.build(model.trainable_variables)
         return model, opt
 
