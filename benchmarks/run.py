@@ -55,6 +55,10 @@ EVERY_COMPRESSOR = (
     "mstopk:0.001 redsync:0.001 sbc:0.001 sbc:0.001,delay=4 "
     "importance:0.001 acpsgd:rank=4"
 )
+# compressor="auto" and every candidate it chooses from by default.
+PLANNER_CANDIDATES = (
+    "identity:ef=0 topk:0.01 mstopk:0.01 powersgd:rank=4 acpsgd:rank=4 auto"
+)
 PRESETS = {
     # CI's test of the lab itself: set-up, shaping, counters, tear-down.
     "smoke": {
@@ -206,14 +210,31 @@ PRESETS = {
         "hosts": 2,
         "rate": "100mbit,1gbit,10gbit",
         "model": "standin-compute",
-        "compressors": (
-            "identity:ef=0 topk:0.01 mstopk:0.01 powersgd:rank=4 "
-            "acpsgd:rank=4 auto"
-        ),
+        "compressors": PLANNER_CANDIDATES,
         "steps": 6,
-        # The planner's trials (up to 4 plans of 3 steps after 3 that
-        # settle) end before the timed steps.
-        "warmup": 16,
+        # (`auto` warms up until its trials have chosen.)
+        "warmup": 3,
+        "timeout": 5400,
+        "bytes_per_pack": 25 * 2**20,
+    },
+    # The same on the real models.
+    "planner-lstm": {
+        "hosts": 2,
+        "rate": "100mbit,1gbit,10gbit",
+        "model": "lstm-medium",
+        "compressors": PLANNER_CANDIDATES,
+        "steps": 6,
+        "warmup": 3,
+        "timeout": 5400,
+        "bytes_per_pack": 25 * 2**20,
+    },
+    "planner-resnet50": {
+        "hosts": 2,
+        "rate": "100mbit,1gbit,10gbit",
+        "model": "resnet50",
+        "compressors": PLANNER_CANDIDATES,
+        "steps": 6,
+        "warmup": 3,
         "timeout": 5400,
         "bytes_per_pack": 25 * 2**20,
     },
@@ -576,7 +597,10 @@ def _parser() -> argparse.ArgumentParser:
         "1 and 10 Gbit/s and the fit; fusion: fused vs one collective per "
         "tensor; hitopk: MSTopK flat vs hierarchical, 2 hosts x 2 workers; "
         "overlap, overlap-lstm, overlap-resnet50: tfgc's buckets vs one "
-        "exchange vs MWMS's bytes_per_pack, 2 hosts; "
+        "exchange vs MWMS's bytes_per_pack, 2 hosts; planner, "
+        'planner-lstm, planner-resnet50: compressor="auto" vs its '
+        "candidates and the tuned dense cases, 2 hosts, 100 Mbit/s to "
+        "10 Gbit/s; "
         "convergence (first flag, no root): loss curves per compressor on "
         "real data, "
         "benchmarks/convergence_benchmark.py",

@@ -21,7 +21,8 @@ workers for a case that needs other strategy options):
   compressor that weighs the network's costs per tensor, RedSync, is told
   `cost_model=None` so that it compresses every tensor as it does with
   peers).
-Each case: `warmup` steps, two barriers, the timed steps (each fetched
+Each case: `warmup` steps (under `compressor="auto"` at least until its
+trials have chosen), two barriers, the timed steps (each fetched
 to the host), two barriers. A compressor with a communication delay d (SBC)
 communicates once per d steps, so its step time is reported as the mean
 over the timed steps (whole rounds when `warmup` and `steps` are
@@ -46,7 +47,7 @@ import tensorflow as tf
 import tfgc
 from tfgc.compressors import ALL_GATHER, ALL_GATHER_RAGGED, ALL_REDUCE
 from tfgc.core.wire import BROADCAST
-from tfgc.optimizers import auto_plan
+from tfgc.optimizers import auto_plan, replan
 
 #: Batch per worker of each model.
 BATCH = {
@@ -292,6 +293,16 @@ def _compressors(optimizer, count: int) -> list:
     ]
 
 
+def warmup_steps(spec: dict, optimizer) -> int:
+    """The spec's untimed steps, or more under `compressor="auto"` until
+    its trials have chosen (the timed steps measure the plan it keeps)."""
+    plan = getattr(optimizer, "plan", None)
+    if plan is None:
+        return spec["warmup"]
+    trials = replan.trial_exchanges(optimizer.compressor, plan)
+    return max(spec["warmup"], trials)
+
+
 def plan_record(optimizer) -> dict | None:
     """What `compressor="auto"` planned and how its prediction held:
     the table, the choices by label, the predicted exchange, and
@@ -369,7 +380,7 @@ def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
         loss.numpy()  # wait for the step, collectives included
         return time.perf_counter() - t0
 
-    for _ in range(spec["warmup"]):
+    for _ in range(warmup_steps(spec, optimizer)):
         one_step()
     # Each host's counters are read between two barriers, so that the
     # host's other workers start no timed step (and send nothing of it)

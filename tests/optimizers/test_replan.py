@@ -16,6 +16,7 @@ from tfgc.communicators import exchange
 from tfgc.communicators import topology as topology_lib
 from tfgc.communicators.collectives import Group
 from tfgc.compressors.switchable import Slot
+from tfgc.core import bucket_costs
 from tfgc.optimizers import auto_plan, plan_clock, replan
 
 SHAPE = (64, 32)
@@ -261,3 +262,9 @@ def test_trials_run_each_contender_and_keep_the_fastest():
         (0, 0), (1, 1), (1, 1), (1, 0), (1, 0), (1, 1)
     ]  # fmt: skip
     np.testing.assert_allclose(planner.periods.numpy(), [1.0, 0.5, 0.8])
+    # The winner holds from the step `trial_exchanges` counts (measured
+    # plans only), as the lab's warm-up assumes.
+    measured = plan._replace(collectives=bucket_costs.FREE)
+    after = replan.trial_exchanges(auto, measured)
+    assert after == len(seen) and seen[after - 2] != seen[after - 1]
+    assert replan.trial_exchanges(auto, plan) == 0

@@ -107,6 +107,15 @@ def enabled(auto, plan) -> bool:
     return auto.replan_every is not None or len(plan.contenders) > 1
 
 
+def trial_exchanges(auto, plan) -> int:
+    """The exchanges (training steps, without accumulation) until the
+    trials' winner runs: the uncounted ones and every contender's window
+    (0 without trials). Revisions may change the plan again later."""
+    if not enabled(auto, plan) or len(plan.contenders) < 2:
+        return 0
+    return plan_clock.SETTLE + len(plan.contenders) * auto.trial_steps
+
+
 def used(auto, plan) -> set[int]:
     """The candidates a bucket may run: every one with revisions, else
     those of the contenders."""
