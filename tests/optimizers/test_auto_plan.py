@@ -234,13 +234,40 @@ def _planned(strategy, auto, **options):
     return model, opt
 
 
-def test_auto_measures_the_replicas_and_prints_its_table(mirrored, capsys):
+def test_a_gathered_payload_is_decompressed_as_from_every_peer():
+    """The codec is timed decompressing as many payloads as the step's
+    workers send it: its own, stacked once per peer."""
+    topk = compressors.TopK(0.25)
+    x = tf.constant(np.random.default_rng(0).standard_t(3, (16, 8)), tf.float32)
+    key = tf.constant([1, 2], tf.int64)
+    payload, ctx = topk.compress(x, topk.init_state(x.shape, x.dtype, key), key)
+    once = tf.nest.map_structure(lambda t: t[None], payload)
+    (four,) = auto_plan._as_from_peers([once], [AG], 4)
+    assert four.values.shape[0] == 4
+    np.testing.assert_allclose(
+        topk.decompress(four, ctx)[0], 4 * topk.decompress(once, ctx)[0]
+    )
+    (same,) = auto_plan._as_from_peers([x], [AR], 4)  # a sum: as it is
+    assert same is x
+
+
+def test_auto_measures_the_replicas_and_prints_its_table(
+    mirrored, capsys, monkeypatch
+):
+    peers = []
+
+    def as_from_peers(received, kinds, count):
+        peers.append(count)
+        return received
+
+    monkeypatch.setattr(auto_plan, "_as_from_peers", as_from_peers)
     model, opt = _planned(
         mirrored,
         compressors.Auto(candidates=["identity", TOPK], trial_steps=None),
     )
     with mirrored.scope():
         opt.build(model.trainable_variables)
+    assert set(peers) == {4}  # every codec timed as among 4 workers
     plan = opt.plan
     assert plan.num_peers == 4
     assert plan.collectives.all_reduce.slope > 0

@@ -33,7 +33,7 @@ from tfgc.compressors import switchable
 from tfgc.core import bucket_costs
 from tfgc.core.bucket_costs import CodecCosts, CollectiveCosts, TensorLoad
 from tfgc.core.compressor import Compressor, Network
-from tfgc.core.wire import ALL_REDUCE, num_elements
+from tfgc.core.wire import ALL_GATHER, ALL_REDUCE, num_elements
 from tfgc.optimizers import planning
 
 #: The two workloads each candidate's compute is timed on: one large
@@ -274,11 +274,40 @@ def _dense_loads(variables, communicator) -> list[list[TensorLoad]]:
     ]
 
 
-def _codec_seconds(settings, candidate, shapes, communicator, topology):
+def _as_from_peers(received, kinds, peers: int) -> list:
+    """A one-worker round's `received` payloads as `peers` workers would
+    receive them: each gathered payload stacked `peers` times (this
+    worker's, standing for every peer's), so that decompression sums as
+    many as in the step. Sums (all-reduce) are the same size for any
+    number of workers."""
+    out = []
+    for payload, kind in zip(received, kinds):
+        if kind == ALL_GATHER:
+
+            def stack(t):
+                return tf.tile(t, [peers] + [1] * (t.shape.rank - 1))
+
+            payload = tf.nest.map_structure(stack, payload)
+        out.append(payload)
+    return out
+
+
+def codec_seconds(
+    settings, candidate, shapes, communicator, topology, from_peers=None
+):
     """Median seconds of one local exchange (one-worker group: nothing
     leaves this worker) of `shapes` under `candidate`, as the optimizer
-    would drive it, averaged over its phases."""
+    would drive it, averaged over its phases. Gathered payloads are
+    decompressed as from `communicator.num_peers` workers: `from_peers
+    (received, kinds, peers)` makes them (default `_as_from_peers`)."""
     group = Group(topology, [0], 0, communicator.options)
+    peers = communicator.num_peers
+    from_peers = from_peers or _as_from_peers
+
+    def carry(payloads, kinds):
+        received, overhead = communicator.carry(payloads, kinds, group)
+        return from_peers(received, kinds, peers), overhead
+
     # Every workload tensor compressed, whatever the user's minimum.
     chosen = settings._replace(compressor=candidate, min_compress_size=0)
     net = Network(1, None)
@@ -305,9 +334,7 @@ def _codec_seconds(settings, candidate, shapes, communicator, topology):
                 tensors,
                 states,
                 keys,
-                lambda payloads, kinds: communicator.carry(
-                    payloads, kinds, group
-                ),
+                carry,
             )
             return tf.add_n([tf.reduce_sum(t) for t in totals])
 
@@ -321,7 +348,7 @@ def measure_codec(settings, candidate, communicator, topology) -> CodecCosts:
     """`candidate`'s compute per tensor and per element on this worker."""
     points = []
     for shapes in WORKLOADS:
-        seconds = _codec_seconds(
+        seconds = codec_seconds(
             settings, candidate, shapes, communicator, topology
         )
         points.append(
