@@ -13,10 +13,15 @@ batch, the cache at each of `--levels`
 (`auto` with a memory budget of half the data, the rest on disk). Per
 rate and level: examples per second in epoch 1 (reading the source,
 filling the cache) and in epochs 2 to `--epochs` (reading the cache).
-Writes `input_cache.json`, `.md` and `input_cache.png` to `--out`
-(docs/benchmarks):
+With `--train`, each batch also feeds a training step of a small
+convolutional network (`small_cnn`: its step on 2 cores is shorter than
+the source takes for a batch, as a GPU's would be), and the rows also
+hold the mean step in epoch 1 and in later epochs, beside the step with
+its input already in memory (`compute`). Writes `input_cache.json`, `.md`
+and `input_cache.png` to `--out` (docs/benchmarks):
 
     python benchmarks/input_cache_benchmark.py
+    python benchmarks/input_cache_benchmark.py --train --rates 2,8
 """
 
 from __future__ import annotations
@@ -81,8 +86,48 @@ class Throttle:
         return _READER(path).map(each)
 
 
-def measure(source, level, rate, examples, batch, epochs, workdir):
-    """(epoch 1 examples/s, later epochs' examples/s, the cache's notes)."""
+def small_cnn(spec):
+    """A Keras training step of a small convolutional network on the
+    pipeline's batches: `step(images, labels)` -> loss."""
+    import keras
+
+    model = keras.Sequential(
+        [
+            keras.Input((spec.image_size, spec.image_size, 3)),
+            keras.layers.Conv2D(16, 7, strides=4, activation="relu"),
+            keras.layers.MaxPooling2D(4),
+            keras.layers.GlobalAveragePooling2D(),
+            keras.layers.Dense(spec.num_classes),
+        ]
+    )
+    optimizer = keras.optimizers.SGD(0.01)
+    loss_fn = keras.losses.CategoricalCrossentropy(from_logits=True)  # one-hot
+
+    @tf.function
+    def step(images, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, model(images, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(grads, model.trainable_variables)
+        return loss
+
+    return step
+
+
+def compute_seconds(step, images, labels, repeats: int = 10) -> float:
+    """The median step on one batch already in memory."""
+    step(images, labels).numpy()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step(images, labels).numpy()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def measure(source, level, rate, examples, batch, epochs, workdir, step=None):
+    """(epoch 1 examples/s, later epochs' examples/s, per epoch the mean
+    seconds of a batch): with `step`, each batch also trains."""
     throttle = Throttle(rate * 1e6)
     tf.data.TFRecordDataset = throttle.reader
     try:
@@ -97,22 +142,39 @@ def measure(source, level, rate, examples, batch, epochs, workdir):
             shuffle_buffer=SHUFFLE_BUFFER, cache_settings=settings,
         )  # fmt: skip
         iterator = iter(fn(tf.distribute.InputContext(1, 0, 1)))
+
+        def consume(images, labels):
+            if step is None:
+                images.numpy()
+            else:
+                step(images, labels).numpy()
+
         # The first batch pays for starting the pipeline (tracing, thread
         # pools): the clock starts after it.
-        next(iterator)[0].numpy()
+        consume(*next(iterator))
         per_epoch = examples // batch
         counts = [per_epoch - 1] + [per_epoch] * (epochs - 1)
         seconds = []
         for count in counts:
             start = time.perf_counter()
             for _ in range(count):
-                next(iterator)[0].numpy()
+                consume(*next(iterator))
             seconds.append(time.perf_counter() - start)
     finally:
         tf.data.TFRecordDataset = _READER
     first = counts[0] * batch / seconds[0]
     later = sum(counts[1:]) * batch / sum(seconds[1:])
-    return first, later
+    return first, later, [t / c for t, c in zip(seconds, counts)]
+
+
+def _in_memory(source, batch):
+    """The training pipeline without a throttle or cache (one batch of
+    it stands for input already in memory)."""
+    fn = data.dataset_fn(
+        source, data.IMAGENET, "tfrecord", batch, training=True,
+        shuffle_buffer=SHUFFLE_BUFFER,
+    )  # fmt: skip
+    return fn(tf.distribute.InputContext(1, 0, 1))
 
 
 def markdown(meta, rows) -> str:
@@ -137,6 +199,29 @@ def markdown(meta, rows) -> str:
             f"| {row['rate']:g} | {row['level']} | {row['first']:.0f} | "
             f"{row['later']:.0f} | {row['later'] / row['first']:.2f}x |"
         )
+    if "compute_ms" in meta:
+        lines += [
+            "",
+            "## Training step when input-bound",
+            "",
+            f"Each batch trains `small_cnn` (its step with the batch in "
+            f"memory: {meta['compute_ms']:.1f} ms). Mean step per epoch; "
+            "x compute: the step over the step with its input in memory.",
+            "",
+            "| source rate (MB/s) | cache | epoch 1 (ms / step) | "
+            "later epochs (ms / step) | epoch 1 x compute | "
+            "later x compute |",
+            "|---|---|---|---|---|---|",
+        ]
+        compute = meta["compute_ms"]
+        for row in rows:
+            first = 1e3 * row["step_s"][0]
+            later = 1e3 * np.mean(row["step_s"][1:])
+            lines.append(
+                f"| {row['rate']:g} | {row['level']} | {first:.1f} | "
+                f"{later:.1f} | {first / compute:.2f}x | "
+                f"{later / compute:.2f}x |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -173,6 +258,11 @@ def main(argv=None) -> int:
     parser.add_argument("--rates", default="2,8,32")
     parser.add_argument("--levels", default="none,memory,disk,auto")
     parser.add_argument(
+        "--train",
+        action="store_true",
+        help="each batch also trains a small network (the step time)",
+    )
+    parser.add_argument(
         "--out", default=os.path.join(REPO, "docs", "benchmarks")
     )
     args = parser.parse_args(argv)
@@ -202,15 +292,22 @@ def main(argv=None) -> int:
         source = os.path.join(workdir, "source")
         paths = sample_data.write(source, args.examples, 0, args.shards)
         meta["megabytes"] = sum(map(os.path.getsize, paths["train"])) / 1e6
+        step = None
+        if args.train:
+            step = small_cnn(data.IMAGENET)
+            images, labels = next(iter(_in_memory(source, args.batch)))
+            meta["compute_ms"] = 1e3 * compute_seconds(step, images, labels)
+            print(f"[input cache] step, input in memory: "
+                  f"{meta['compute_ms']:.1f} ms", flush=True)  # fmt: skip
         for rate in rates:
             for level in levels:
-                first, later = measure(
+                first, later, step_s = measure(
                     source, level, rate, args.examples, args.batch,
-                    args.epochs, workdir,
+                    args.epochs, workdir, step,
                 )  # fmt: skip
                 rows.append(
                     {"rate": rate, "level": level, "first": first,
-                     "later": later}
+                     "later": later, "step_s": step_s}
                 )  # fmt: skip
                 print(
                     f"[input cache] {rate:g} MB/s {level}: epoch 1 "

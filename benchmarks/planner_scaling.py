@@ -127,10 +127,6 @@ def distinct_peers(shapes, seed: int):
     return from_peers
 
 
-def gathers(candidate) -> bool:
-    return ALL_GATHER in candidate.spec.collectives
-
-
 def backward(model, x, y, loss_fn) -> tuple[float, float]:
     """(forward, backward) seconds of one local step, medians."""
 
