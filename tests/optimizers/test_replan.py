@@ -206,7 +206,9 @@ def _bucket(*seconds, choice=0):
 
 
 def test_the_contenders_differ_where_the_measurement_cannot_tell():
-    auto = compressors.Auto(candidates=["identity", "topk", "powersgd"])
+    auto = compressors.Auto(
+        candidates=["identity", "topk", "powersgd"], trial_margin=1.5
+    )
     buckets = (
         _bucket(10.0, 5.0, 5.5, choice=1),  # TopK; PowerSGD within 1.5x
         _bucket(1.0, 3.0, 1.0, choice=0),  # PowerSGD declines: the same

@@ -104,7 +104,11 @@ class Auto(Compressor):
             step (averaged over the workers) is kept. None: the predicted
             plan, untried.
         trial_margin: how close (a factor) a candidate's prediction for
-            a bucket must be to the chosen one's to be tried there.
+            a bucket must be to the chosen one's to be tried there. The
+            prediction counts a bucket's time on the wire in full, and in
+            the step much of it hides under the backward pass while a
+            codec's compute does not: candidates predicted up to about
+            3x apart can take steps within a few percent of each other.
         replan_every: every this many steps, correct each candidate's
             predictions by what it measured and choose again per bucket
             (a variable's residual is kept across codecs; a codec that
@@ -124,7 +128,7 @@ class Auto(Compressor):
         choices=None,
         min_speedup: float = 1.05,
         trial_steps: int | None = 3,
-        trial_margin: float = 1.5,
+        trial_margin: float = 3.0,
         replan_every: int | None = None,
         check_after: int | None = 50,
         verbose: bool = True,
