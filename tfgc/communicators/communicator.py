@@ -19,6 +19,7 @@ from tfgc.core.wire import (
     ROOT_FIELD,
     wire_fields,
 )
+from tfgc.ops import _checks
 
 _Options = tf.distribute.experimental.CommunicationOptions
 _Implementation = tf.distribute.experimental.CommunicationImplementation
@@ -285,14 +286,16 @@ def _one_root(payloads, routes) -> tf.Tensor:
         for p, r in zip(payloads, routes)
         if r == BROADCAST
     ]
-    checks = [
-        tf.debugging.assert_equal(
-            root,
-            roots[0],
-            message="The broadcasts of one round must share their root.",
-        )
-        for root in roots[1:]
-    ]
+    checks = _checks.independent(
+        lambda: [
+            tf.debugging.assert_equal(
+                root,
+                roots[0],
+                message="The broadcasts of one round must share their root.",
+            )
+            for root in roots[1:]
+        ]
+    )
     with tf.control_dependencies(checks):
         return tf.identity(tf.cast(roots[0], tf.int32))
 

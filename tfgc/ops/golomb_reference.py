@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfgc.ops import _library
+from tfgc.ops import _checks, _library
 
 MAX_B = 31
 # Largest stream the encoders write (4 GiB), as in golomb_kernels.cc.
@@ -55,23 +55,29 @@ def _encode_reference(
         "the data"
     )
     idx = tf.cast(indices, tf.int64)
-    checks = [
-        tf.debugging.assert_rank(n, 0, message="`n` must be a scalar"),
-        tf.debugging.assert_rank(b, 0, message="`b` must be a scalar"),
-        tf.debugging.assert_non_negative(n, message="`n` must be >= 0"),
-        *_b_range_checks(b),
-    ]
+    checks = _checks.independent(
+        lambda: [
+            tf.debugging.assert_rank(n, 0, message="`n` must be a scalar"),
+            tf.debugging.assert_rank(b, 0, message="`b` must be a scalar"),
+            tf.debugging.assert_non_negative(n, message="`n` must be >= 0"),
+            *_b_range_checks(b),
+        ]
+    )
     with tf.control_dependencies(checks):
         prev = tf.concat([tf.constant([-1], tf.int64), idx], 0)[:-1]
         gaps = idx - prev - 1
-    checks = [
-        tf.debugging.assert_non_negative(
-            gaps,
-            message="`indices` must be strictly increasing (sorted, no "
-            "duplicates) and >= 0",
-        ),
-        tf.debugging.assert_less(idx, n, message="`indices` must be in [0, n)"),
-    ]
+    checks = _checks.independent(
+        lambda: [
+            tf.debugging.assert_non_negative(
+                gaps,
+                message="`indices` must be strictly increasing (sorted, no "
+                "duplicates) and >= 0",
+            ),
+            tf.debugging.assert_less(
+                idx, n, message="`indices` must be in [0, n)"
+            ),
+        ]
+    )
     with tf.control_dependencies(checks):
         b64 = tf.cast(b, tf.int64)
         q = tf.bitwise.right_shift(gaps, b64)
@@ -82,14 +88,17 @@ def _encode_reference(
     starts = tf.cumsum(lengths, exclusive=True)
     num_bits = tf.reduce_sum(lengths)
     with tf.control_dependencies(
-        [
-            tf.debugging.assert_less_equal(
-                num_bits,
-                tf.constant(MAX_ENCODED_BITS, tf.int64),
-                message=f"The Golomb stream would exceed {MAX_ENCODED_BITS} "
-                "bits; use a larger `b` (golomb_optimal_b(k, n))",
-            )
-        ]
+        _checks.independent(
+            lambda: [
+                tf.debugging.assert_less_equal(
+                    num_bits,
+                    tf.constant(MAX_ENCODED_BITS, tf.int64),
+                    message="The Golomb stream would exceed "
+                    f"{MAX_ENCODED_BITS} bits; use a larger `b` "
+                    "(golomb_optimal_b(k, n))",
+                )
+            ]
+        )
     ):
         num_bits = tf.identity(num_bits)
     # Unary parts: +1 at each code's start, -1 where its ones end.
@@ -126,25 +135,31 @@ def _decode_reference(
     )
     k_value = _static_int(k)
     k = tf.cast(k, tf.int64)
-    checks = [
-        tf.debugging.assert_rank(k, 0, message="`k` must be a scalar"),
-        tf.debugging.assert_rank(b, 0, message="`b` must be a scalar"),
-        tf.debugging.assert_rank(n, 0, message="`n` must be a scalar"),
-        tf.debugging.assert_non_negative(k, message="`k` must be >= 0"),
-        *_b_range_checks(b),
-    ]
-    with tf.control_dependencies(checks):
-        num_bits = 8 * tf.size(encoded, out_type=tf.int64)
-        # Every code takes at least 1 + b bits.
-        short = tf.debugging.assert_less_equal(
-            k,
-            num_bits // (1 + tf.cast(b, tf.int64)),
-            message="`encoded` is too short for k codes: the stream is "
-            "truncated or was encoded with another k or b",
-        )
-    with tf.control_dependencies([short]):
+
+    def build():
+        checks = [
+            tf.debugging.assert_rank(k, 0, message="`k` must be a scalar"),
+            tf.debugging.assert_rank(b, 0, message="`b` must be a scalar"),
+            tf.debugging.assert_rank(n, 0, message="`n` must be a scalar"),
+            tf.debugging.assert_non_negative(k, message="`k` must be >= 0"),
+            *_b_range_checks(b),
+        ]
+        with tf.control_dependencies(checks):
+            num_bits = 8 * tf.size(encoded, out_type=tf.int64)
+            # Every code takes at least 1 + b bits.
+            return [
+                tf.debugging.assert_less_equal(
+                    k,
+                    num_bits // (1 + tf.cast(b, tf.int64)),
+                    message="`encoded` is too short for k codes: the stream "
+                    "is truncated or was encoded with another k or b",
+                )
+            ]
+
+    with tf.control_dependencies(_checks.independent(build)):
         k = tf.identity(k)
-    positions = tf.cond(
+    # The branch checks the stream: `_checks.cond` keeps it unchained.
+    positions = _checks.cond(
         k > 0,
         lambda: _decode_positions(encoded, k, tf.cast(b, tf.int64), n),
         lambda: tf.zeros([0], tf.int32),
@@ -196,13 +211,17 @@ def _decode_positions(
         shape_invariants=(tf.TensorShape([None]), nxt.shape),
     )
     starts = starts[: k + 1]
-    truncated = tf.debugging.assert_less_equal(
-        starts[-1],
-        num_bits,
-        message="`encoded` ends inside one of the first k codes: the stream "
-        "is truncated or was encoded with another k or b",
+    truncated = _checks.independent(
+        lambda: [
+            tf.debugging.assert_less_equal(
+                starts[-1],
+                num_bits,
+                message="`encoded` ends inside one of the first k codes: the "
+                "stream is truncated or was encoded with another k or b",
+            )
+        ]
     )
-    with tf.control_dependencies([truncated]):
+    with tf.control_dependencies(truncated):
         starts = tf.identity(starts[:-1])
     stops = tf.gather(next_zero, starts)
     q = stops - starts
@@ -211,10 +230,14 @@ def _decode_positions(
     message = (
         "decoded positions leave [0, n) or int32: wrong b or corrupt stream"
     )
-    in_range = tf.debugging.assert_less_equal(
-        q, tf.bitwise.right_shift(limit, b), message=message
+    in_range = _checks.independent(
+        lambda: [
+            tf.debugging.assert_less_equal(
+                q, tf.bitwise.right_shift(limit, b), message=message
+            )
+        ]
     )
-    with tf.control_dependencies([in_range]):
+    with tf.control_dependencies(in_range):
         q = tf.identity(q)
     t = tf.range(b, dtype=tf.int64)
     rem_bits = tf.gather(bits, (stops + 1)[:, None] + t[None, :])
@@ -223,6 +246,10 @@ def _decode_positions(
     )
     gaps = tf.bitwise.left_shift(q, b) + r
     positions = tf.cumsum(gaps + 1) - 1
-    in_range = tf.debugging.assert_less(positions[-1], limit, message=message)
-    with tf.control_dependencies([in_range]):
+    in_range = _checks.independent(
+        lambda: [
+            tf.debugging.assert_less(positions[-1], limit, message=message)
+        ]
+    )
+    with tf.control_dependencies(in_range):
         return tf.cast(positions, tf.int32)

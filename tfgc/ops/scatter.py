@@ -35,7 +35,7 @@ import warnings
 
 import tensorflow as tf
 
-from tfgc.ops import _library
+from tfgc.ops import _checks, _library
 
 FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 _OP_NAME = "tfgc_scatter_add_sum"
@@ -160,43 +160,47 @@ def _reference(values: tf.Tensor, indices: tf.Tensor, n: tf.Tensor):
         # XLA compiles no run-time check (nor the message's string ops);
         # there an index outside [0, n) is dropped.
         return _segment_sum(values, indices, n64)
-    checks = [
-        tf.debugging.assert_equal(
-            tf.rank(values), 1, message="`values` must be a vector [m]"
-        ),
-        tf.debugging.assert_equal(
-            tf.rank(indices), 1, message="`indices` must be a vector [m]"
-        ),
-        tf.debugging.assert_equal(
-            tf.rank(n), 0, message="`n` must be a scalar"
-        ),
-    ]
-    with tf.control_dependencies(checks):
-        checks = [
+
+    def build():
+        shapes = [
             tf.debugging.assert_equal(
-                tf.size(values),
-                tf.size(indices),
-                message="`values` and `indices` must have the same length",
+                tf.rank(values), 1, message="`values` must be a vector [m]"
             ),
-            tf.debugging.assert_non_negative(
-                n64, message="`n` must be non-negative"
+            tf.debugging.assert_equal(
+                tf.rank(indices), 1, message="`indices` must be a vector [m]"
+            ),
+            tf.debugging.assert_equal(
+                tf.rank(n), 0, message="`n` must be a scalar"
             ),
         ]
-    with tf.control_dependencies(checks):
-        positions = tf.cast(indices, tf.int64)
-        bad = tf.logical_or(positions < 0, positions >= n64)
-        ok = tf.logical_not(tf.reduce_any(bad))
+        with tf.control_dependencies(shapes):
+            sizes = [
+                tf.debugging.assert_equal(
+                    tf.size(values),
+                    tf.size(indices),
+                    message="`values` and `indices` must have the same length",
+                ),
+                tf.debugging.assert_non_negative(
+                    n64, message="`n` must be non-negative"
+                ),
+            ]
+        with tf.control_dependencies(sizes):
+            positions = tf.cast(indices, tf.int64)
+            bad = tf.logical_or(positions < 0, positions >= n64)
+            ok = tf.logical_not(tf.reduce_any(bad))
 
-    def describe():  # only run when an index is bad (so m > 0)
-        first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
-        return tf.strings.format(
-            "`indices` must be in [0, n). Received: indices[{}]={} with n={}",
-            (first, tf.gather(indices, first), n64),
-        )
+        def describe():  # only run when an index is bad (so m > 0)
+            first = tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)
+            return tf.strings.format(
+                "`indices` must be in [0, n). "
+                "Received: indices[{}]={} with n={}",
+                (first, tf.gather(indices, first), n64),
+            )
 
-    message = tf.cond(ok, lambda: tf.constant(""), describe)
-    in_range = tf.debugging.Assert(ok, [message])
-    with tf.control_dependencies([in_range]):
+        message = tf.cond(ok, lambda: tf.constant(""), describe)
+        return [tf.debugging.Assert(ok, [message])]
+
+    with tf.control_dependencies(_checks.independent(build)):
         return _segment_sum(values, indices, n64)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tfgc.ops import _library
+from tfgc.ops import _checks, _library
 from tfgc.ops.top_k_sample_reference import (
     _FLOAT_DTYPES,
     MODES,
@@ -127,7 +127,10 @@ def top_k_abs(
     if compiled:
         return top_k_sample(flat, k, mode="trimmed")
     n = tf.size(flat, out_type=tf.int64)
-    with tf.control_dependencies(_k_checks(tf.cast(_as_index(k), tf.int64), n)):
+    k64 = tf.cast(_as_index(k), tf.int64)
+    with tf.control_dependencies(
+        _checks.independent(lambda: _k_checks(k64, n))
+    ):
         keys = tf.identity(_magnitude_keys(flat))
     _, indices = tf.math.top_k(keys, k=k, sorted=False)
     return tf.gather(flat, indices), indices
@@ -205,7 +208,9 @@ def top_k_ratio(
         )
     acc = tf.reshape(x + residual, [-1])
     with tf.control_dependencies(
-        [tf.debugging.assert_equal(tf.shape(weights), tf.shape(x))]
+        _checks.independent(
+            lambda: [tf.debugging.assert_equal(tf.shape(weights), tf.shape(x))]
+        )
     ):
         scores = ratio_scores(acc, tf.reshape(weights, [-1]), floor)
     _, indices = top_k_abs(scores, k)

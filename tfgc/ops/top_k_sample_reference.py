@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tfgc.ops import _library
+from tfgc.ops import _checks, _library
 
 MODES = ("mstopk", "threshold", "trimmed")
 _FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
@@ -289,11 +289,16 @@ def top_k_sample_reference(
     n = tf.size(flat, out_type=tf.int64)
     k = tf.cast(_as_index(k), tf.int64)
     seed = tf.convert_to_tensor(seed)
-    checks = _k_checks(k, n) + [
-        tf.debugging.assert_equal(
-            tf.rank(seed), 0, message="`seed` must be a scalar"
-        ),
-    ]
+    checks = _checks.independent(
+        lambda: (
+            _k_checks(k, n)
+            + [
+                tf.debugging.assert_equal(
+                    tf.rank(seed), 0, message="`seed` must be a scalar"
+                ),
+            ]
+        )
+    )
     with tf.control_dependencies(checks):
         keys = tf.identity(_keys(flat))
         k = tf.identity(tf.reshape(k, []))

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from tfgc.ops import _library
+from tfgc.ops import _checks, _library
 from tfgc.ops.top_k_sample_reference import (
     _as_index,
     _check_args,
@@ -234,34 +234,38 @@ def top_k_sample_segments_reference(
     flat = tf.reshape(acc, [-1])
     bounds = tf.constant(sizes, tf.int64)
     k64 = tf.cast(k, tf.int64)
-    checks = [
-        tf.debugging.assert_equal(
-            tf.size(flat, out_type=tf.int64),
-            tf.constant(sum(sizes), tf.int64),
-            message="`segment_sizes` must add up to the number of elements "
-            "of `x`",
-        ),
-        tf.debugging.assert_equal(
-            tf.shape(k)[0],
-            len(sizes),
-            message="`k` must be a vector with one entry per segment",
-        ),
-        tf.debugging.assert_equal(
-            tf.shape(seeds)[0],
-            len(sizes),
-            message="`seeds` must be a vector with one entry per segment",
-        ),
-    ]
+    checks = _checks.independent(
+        lambda: [
+            tf.debugging.assert_equal(
+                tf.size(flat, out_type=tf.int64),
+                tf.constant(sum(sizes), tf.int64),
+                message="`segment_sizes` must add up to the number of elements "
+                "of `x`",
+            ),
+            tf.debugging.assert_equal(
+                tf.shape(k)[0],
+                len(sizes),
+                message="`k` must be a vector with one entry per segment",
+            ),
+            tf.debugging.assert_equal(
+                tf.shape(seeds)[0],
+                len(sizes),
+                message="`seeds` must be a vector with one entry per segment",
+            ),
+        ]
+    )
     with tf.control_dependencies(checks):
         k64 = tf.identity(k64)
-    checks = [
-        tf.debugging.assert_non_negative(
-            k64, message="`k[i]` must be in [0, segment_sizes[i]]"
-        ),
-        tf.debugging.assert_less_equal(
-            k64, bounds, message="`k[i]` must be in [0, segment_sizes[i]]"
-        ),
-    ]
+    checks = _checks.independent(
+        lambda: [
+            tf.debugging.assert_non_negative(
+                k64, message="`k[i]` must be in [0, segment_sizes[i]]"
+            ),
+            tf.debugging.assert_less_equal(
+                k64, bounds, message="`k[i]` must be in [0, segment_sizes[i]]"
+            ),
+        ]
+    )
     with tf.control_dependencies(checks):
         flat = tf.identity(flat)
     values, indices, counts, starts = [], [], [], []

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import tensorflow as tf
 
+from tfgc.ops import _checks
 from tfgc.optimizers import planning
 from tfgc.optimizers import step as step_lib
 from tfgc.optimizers.checks import describe
@@ -131,10 +132,12 @@ def apply_in_buckets(
 def _raise_unless(finite, verdicts, names, tensors):
     """`tensors` (a structure; None entries stay None) once `finite` is
     checked: the step fails with `_report` where it is False."""
-    failed = tf.debugging.Assert(
-        finite, [_report(verdicts, names)], summarize=1
+    failed = _checks.independent(
+        lambda: [
+            tf.debugging.Assert(finite, [_report(verdicts, names)], summarize=1)
+        ]
     )
-    with tf.control_dependencies([failed]):
+    with tf.control_dependencies(failed):
         return tf.nest.map_structure(
             lambda t: None if t is None else tf.identity(t), tensors
         )
