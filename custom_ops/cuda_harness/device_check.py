@@ -17,7 +17,8 @@ order, each step bounded in time and printing a progress line:
    the small sizes of every kernel; any error fails the run, a sanitizer
    that refuses the device is recorded as such.
 4. timings: timings.py (CUDA events, median of several launches) against
-   torch.topk and a device-to-device copy; the many-tensor kernels
+   torch.topk and a device-to-device copy; SBC's two-sided selection
+   against two one-sign trimmed selections; the many-tensor kernels
    (segmented TopKSample, FusedUpdate of ResNet-50's 161 variables)
    against one launch per tensor.
 5. report: REPORT_DIR/ops_gpu.md and ops_gpu.json, rewritten after every

@@ -28,6 +28,7 @@
 #include "custom_ops/cc/kernels/scatter_gpu.h"
 #include "custom_ops/cc/kernels/top_k_sample_common.h"
 #include "custom_ops/cc/kernels/top_k_sample_gpu.h"
+#include "custom_ops/cc/kernels/top_k_two_sided_gpu.h"
 
 namespace {
 
@@ -36,8 +37,9 @@ int64_t g_scratch_bytes = 0;
 cudaEvent_t g_timer_start = nullptr;
 cudaEvent_t g_timer_stop = nullptr;
 #if defined(TFGC_CUDA_EMULATION)
-// What the launchers of the last tfgc_top_k_sample (or its segmented form)
-// and of the last tfgc_fused_update asked of the host.
+// What the launchers of the last tfgc_top_k_sample (or its segmented form,
+// or tfgc_top_k_two_sided) and of the last tfgc_fused_update asked of the
+// host.
 tfgc::emu::HostTraffic g_top_k_traffic;
 tfgc::emu::HostTraffic g_fused_update_traffic;
 #endif
@@ -231,6 +233,47 @@ int tfgc_top_k_ratio(int dtype, const void* g, const void* r, const void* w,
         static_cast<const T*>(w), floor, n, k, static_cast<T*>(acc),
         static_cast<T*>(values), indices, g_scratch, nullptr);
   });
+}
+
+// TopKTwoSided of x[n] (a device buffer; dtype as above): each side's
+// selection, at most k entries, into pos_values / pos_indices and
+// neg_values / neg_indices (room for k entries each); sizes[2] (host) gets
+// their lengths. The scratch is a device buffer of its own, so that the
+// emulation's guard page catches an access past it. `flush_denormals` and
+// the recorded host traffic as tfgc_top_k_sample's.
+int tfgc_top_k_two_sided(int dtype, const void* x, int64_t n, int64_t k,
+                         void* pos_values, int32_t* pos_indices,
+                         void* neg_values, int32_t* neg_indices,
+                         int64_t* sizes, int flush_denormals) {
+  if (flush_denormals && !TFGC_HARNESS_HAVE_MXCSR) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  LauncherCall call(flush_denormals != 0,
+                    TFGC_TRAFFIC_RECORD(g_top_k_traffic));
+  const int64_t bytes = tfgc::gpu::TopKTwoSidedScratchBytes(n);
+  void* scratch = nullptr;
+  int err = static_cast<int>(cudaMalloc(&scratch, bytes > 0 ? bytes : 1));
+  if (err != 0) return err;
+  err = WithDType(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const auto* data = static_cast<const T*>(x);
+    int status = tfgc::gpu::TopKTwoSidedPlan(data, n, k, scratch, nullptr);
+    if (status == 0) {
+      status = tfgc::gpu::TopKTwoSidedOutputSizes(n, k, scratch, nullptr,
+                                                  sizes);
+    }
+    if (status == 0 && (sizes[0] > k || sizes[1] > k)) {
+      status = static_cast<int>(cudaErrorInvalidValue);
+    }
+    if (status == 0) {
+      status = tfgc::gpu::TopKTwoSidedWrite(
+          data, n, sizes, static_cast<T*>(pos_values), pos_indices,
+          static_cast<T*>(neg_values), neg_indices, scratch, nullptr);
+    }
+    return status;
+  });
+  cudaFree(scratch);
+  return err;
 }
 
 // The scratch bytes of the segmented TopKSample over `table` (as below);
@@ -455,10 +498,11 @@ int tfgc_emulation_configure(int multiprocessors, int max_grid_x,
 }
 
 // The host waits, copies to the host and copies from the host of the
-// launchers of the last tfgc_top_k_sample or tfgc_top_k_sample_segments
-// (traffic[3]): no wait and no copy to the host in mstopk and trimmed
-// modes, at most one of each in threshold mode (the output sizes); the
-// segmented launch copies its segment table from the host once.
+// launchers of the last tfgc_top_k_sample, tfgc_top_k_sample_segments or
+// tfgc_top_k_two_sided (traffic[3]): no wait and no copy to the host in
+// mstopk and trimmed modes, at most one of each in threshold mode (the
+// output sizes); the segmented launch copies its segment table from the
+// host once; TopKTwoSided waits once and copies its two sizes once.
 int tfgc_emulation_top_k_sample_traffic(int64_t* traffic) {
   traffic[0] = g_top_k_traffic.waits;
   traffic[1] = g_top_k_traffic.to_host;

@@ -7,7 +7,8 @@ GPU machine without TensorFlow. The op tests, the harness and the
 compressors' numpy references (tests/numpy_reference.py) all use it:
 
 * selection (`np_select`, `np_selector`; tfgc/ops/top_k_sample_reference.py;
-  `np_select_ratio`, `np_ratio_scores`: tfgc/ops/top_k_sample.py),
+  `np_select_ratio`, `np_ratio_scores`, `np_select_two_sided`,
+  `np_side_keys`, `np_flip_sign`: tfgc/ops/top_k_sample.py),
 * Golomb-Rice coding (`np_golomb_encode`, `np_golomb_decode`,
   `optimal_b`; tfgc/ops/golomb_reference.py),
 * ScatterAddSum (`np_scatter_add_sum`; tfgc/ops/scatter.py),
@@ -179,6 +180,53 @@ def np_select_ratio(acc, weights, floor, k) -> np.ndarray:
     increasing: the exact top-k of key(np_ratio_scores), lower index
     first among equal keys (trimmed top-k of the scores)."""
     return np_select(np_ratio_scores(acc, weights, floor), k, "trimmed")
+
+
+def np_side_keys(x) -> tuple[np.ndarray, np.ndarray]:
+    """SideKey (top_k_two_sided_common.h) of float32 values on the positive
+    and on the negative side, uint32: |x|'s bits (+inf's for NaN) where the
+    value is on the side, else 0. A normal or infinite value is on the side
+    of its sign, NaN on both, zeros and subnormals on neither."""
+    bits = np.ascontiguousarray(x, np.float32).reshape(-1).view(np.uint32)
+    magnitude = bits & np.uint32(0x7FFFFFFF)
+    nan = magnitude > INF_KEY
+    normal = magnitude >= MIN_NORMAL_KEY
+    negative = (bits >> 31).astype(bool)
+    zero = np.uint32(0)
+    inf = np.uint32(INF_KEY)
+    return (
+        np.where(nan, inf, np.where(normal & ~negative, magnitude, zero)),
+        np.where(nan, inf, np.where(normal & negative, magnitude, zero)),
+    )
+
+
+def np_select_two_sided(x, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices TopKTwoSided selects from float32 values on the positive
+    and on the negative side, each increasing: the min(k, entries on the
+    side) largest keys (`np_side_keys`), the lower index first among
+    equal keys."""
+    out = []
+    for keys in np_side_keys(x):
+        on = np.flatnonzero(keys)
+        r = min(k, on.size)
+        if r == on.size or r == 0:
+            out.append(on[:r])
+            continue
+        side = keys[on]
+        kth = np.partition(side, on.size - r)[on.size - r]
+        above = on[side > kth]
+        ties = on[side == kth][: r - above.size]
+        out.append(np.sort(np.concatenate([above, ties])))
+    return out[0], out[1]
+
+
+def np_flip_sign(a: np.ndarray) -> np.ndarray:
+    """a (float32, float16, or bfloat16 as uint16 bits) with every sign bit
+    flipped, NaN payloads kept: TopKTwoSided's negative side's values."""
+    a = np.ascontiguousarray(a)
+    ints = {2: np.uint16, 4: np.uint32}[a.itemsize]
+    sign = ints(1 << (8 * a.itemsize - 1))
+    return (a.view(ints) ^ sign).view(a.dtype)
 
 
 def to_bfloat16(x: np.ndarray) -> np.ndarray:

@@ -2,13 +2,13 @@
 
 Builds a library from the same kernel sources the TF op uses
 (custom_ops/cc/kernels/*.cu.cc) plus harness_api.cu.cc, loads it with
-ctypes and compares TopKSample, AddResidual, the bit-packing kernels,
-ScatterAddSum, Golomb coding and FusedUpdate against numpy. With nvcc the
-library runs on a GPU, where TopKSample is also timed against `torch.topk`
-when PyTorch is installed. With `--emulate` a C++ compiler builds the same
-sources against the CPU emulation of CUDA in cuda_emulation.h, and the
-checks run there, on sizes suited to a CPU and on several emulated devices
-and thread schedules.
+ctypes and compares TopKSample, TopKTwoSided, AddResidual, the
+bit-packing kernels, ScatterAddSum, Golomb coding and FusedUpdate against
+numpy. With nvcc the library runs on a GPU, where TopKSample is also timed
+against `torch.topk` when PyTorch is installed. With `--emulate` a C++
+compiler builds the same sources against the CPU emulation of CUDA in
+cuda_emulation.h, and the checks run there, on sizes suited to a CPU and on
+several emulated devices and thread schedules.
 
     python custom_ops/cuda_harness/run_harness.py --build-only  # no GPU
     python custom_ops/cuda_harness/run_harness.py               # on a GPU
@@ -70,12 +70,14 @@ from custom_ops.cuda_harness.numpy_oracle import (  # noqa: E402
     as_float32,
     flush_subnormals,
     from_bfloat16,
+    np_flip_sign,
     np_fused_update,
     np_golomb_decode,
     np_golomb_encode,
     np_scatter_add_sum,
     np_select_ratio,
     np_select_segments,
+    np_select_two_sided,
     np_selector,
     optimal_b,
     to_dtype,
@@ -243,6 +245,9 @@ class Harness:
         self.lib.tfgc_top_k_ratio.argtypes = [
             i32, vp, vp, vp, ctypes.c_float, i64, i64, vp, vp, vp, i32,
         ]  # fmt: skip
+        self.lib.tfgc_top_k_two_sided.argtypes = [
+            i32, vp, i64, i64, vp, vp, vp, vp, vp, i32,
+        ]  # fmt: skip
         self.lib.tfgc_pack_bits.argtypes = [vp, i64, vp]
         self.lib.tfgc_unpack_bits.argtypes = [vp, i64, i64, vp]
         self.lib.tfgc_unpack_bits_sum.argtypes = [i32, vp, vp, i64, i64, vp]
@@ -320,6 +325,15 @@ class Harness:
         for p in ptrs:
             self.check(self.lib.tfgc_free(p), "free")
 
+    def _record_top_k_traffic(self) -> None:
+        """Under the emulation, `top_k_traffic` gets what the last top-k
+        launchers asked of the host: (waits, copies to the host, copies
+        from the host)."""
+        if self.emulated:
+            traffic = np.zeros(3, np.int64)
+            self.lib.tfgc_emulation_top_k_sample_traffic(traffic.ctypes.data)
+            self.top_k_traffic = tuple(int(t) for t in traffic)
+
     def top_k_sample(
         self,
         x: np.ndarray,
@@ -346,10 +360,7 @@ class Harness:
             d_v, d_i, cap, ctypes.byref(size), d_z, int(flush),
         )  # fmt: skip
         self.check(err, "top_k_sample")
-        if self.emulated:
-            traffic = np.zeros(3, np.int64)
-            self.lib.tfgc_emulation_top_k_sample_traffic(traffic.ctypes.data)
-            self.top_k_traffic = tuple(int(t) for t in traffic)
+        self._record_top_k_traffic()
         v = self.to_host(d_v, [size.value], x.dtype)
         i = self.to_host(d_i, [size.value], np.int32)
         z = self.to_host(d_z, [n], x.dtype) if zero else None
@@ -389,10 +400,7 @@ class Harness:
         self.segments_error = err
         if err != 0 and not allow_error:
             self.check(err, "top_k_sample_segments")
-        if self.emulated:
-            traffic = np.zeros(3, np.int64)
-            self.lib.tfgc_emulation_top_k_sample_traffic(traffic.ctypes.data)
-            self.top_k_traffic = tuple(int(t) for t in traffic)
+        self._record_top_k_traffic()
         sizes = sizes[:count] if err == 0 else np.zeros(count, np.int64)
         total = int(sizes.sum())
         v = self.to_host(d_v, [total], x.dtype)
@@ -418,6 +426,31 @@ class Harness:
         acc = self.to_host(d_r, [n], g.dtype)
         self.free(d_g, d_r, d_w, d_v, d_i)
         return v, i, acc
+
+    def top_k_two_sided(self, x: np.ndarray, dtype: str, k: int, flush=False):
+        """(positive values, positive indices, negative values, negative
+        indices) of TopKTwoSided; `flush` as in `top_k_sample`. Under the
+        emulation, `top_k_traffic` then holds the launchers' host traffic."""
+        n = x.size
+        cap = max(1, k)
+        d_x = self.to_device(x)
+        d_pv, d_nv = self.alloc(cap * x.itemsize), self.alloc(cap * x.itemsize)
+        d_pi, d_ni = self.alloc(cap * 4), self.alloc(cap * 4)
+        sizes = np.full(2, -1, np.int64)
+        err = self.lib.tfgc_top_k_two_sided(
+            DTYPES.index(dtype), d_x, n, k, d_pv, d_pi, d_nv, d_ni,
+            sizes.ctypes.data, int(flush),
+        )  # fmt: skip
+        self.check(err, "top_k_two_sided")
+        self._record_top_k_traffic()
+        out = (
+            self.to_host(d_pv, [sizes[0]], x.dtype),
+            self.to_host(d_pi, [sizes[0]], np.int32),
+            self.to_host(d_nv, [sizes[1]], x.dtype),
+            self.to_host(d_ni, [sizes[1]], np.int32),
+        )
+        self.free(d_x, d_pv, d_nv, d_pi, d_ni)
+        return out
 
     def add_residual(self, g: np.ndarray, r: np.ndarray, dtype: str):
         d_g, d_r = self.to_device(g), self.to_device(r)
@@ -1177,6 +1210,95 @@ def check_top_k_ratio(h: Harness, sizes, setup, report: Tally) -> None:
                     )
 
 
+# NaN bit patterns of both signs, quiet and signalling, with payloads, in
+# each dtype's own bits: both sides select them, and the values must keep
+# them (the negative side's with the sign bit flipped).
+NAN_BITS = {
+    "float32": (np.uint32, [0xFFC00000, 0x7FC00123, 0xFF800001, 0x7F800001]),
+    "float16": (np.uint16, [0xFE00, 0x7E12, 0xFC01, 0x7C01]),
+    "bfloat16": (np.uint16, [0xFFC0, 0x7FC1, 0xFF81, 0x7F81]),
+}
+
+
+def two_sided_inputs(sizes, rng):
+    """TopKSample's inputs (`top_k_inputs`: NaN, Inf, ties, zeros,
+    subnormals, outliers, heavy tails) and the two-sided cases: one sign
+    only, few positive entries (k above their number), and signs with
+    zeros of both signs, subnormals and NaN patterns of both signs."""
+    yield from top_k_inputs(sizes, rng)
+    small = [s for s in sizes.small if s > 0]
+    if not small:
+        return
+    n = max([s for s in small if s < 5000] or small)
+    ks = [1, max(1, n // 50), n // 10, n // 2 + 1, n]
+    x = np.abs(rng.standard_normal(n)).astype(np.float32) + np.float32(0.5)
+    yield f"all positive {n=}", x, DTYPES, ks
+    yield f"all negative {n=}", -x, DTYPES, ks
+    x = -np.abs(rng.standard_normal(n)).astype(np.float32)
+    few = rng.random(n) < 0.05
+    x[few] = -x[few]
+    yield f"5% positive {n=}", x, DTYPES, ks
+    x = rng.standard_normal(n).astype(np.float32)
+    x[::7] = 0.0
+    x[3::7] = -0.0
+    x[5::11] = np.float32(2.0**-140)
+    x[6::11] = np.float32(-(2.0**-140))
+    x[2::13] = np.float32(3 * 2.0**-24)  # a float16 subnormal
+    x[4::13] = np.float32(-3 * 2.0**-24)
+    x[9::17] = np.inf
+    x[10::17] = -np.inf
+    yield f"signs, zeros, subnormals and infinities {n=}", x, DTYPES, ks
+
+
+def check_top_k_two_sided(h: Harness, sizes, setup, report: Tally) -> None:
+    """TopKTwoSided against np_select_two_sided: both sides' indices and
+    values bit for bit (x's, and x with its sign bit flipped on the
+    negative side, NaN payloads included), on `two_sided_inputs` with NaN
+    patterns of both signs written into every input of more than 100
+    elements but the one-sign ones, k = 0, 1, n/1000, n/2 and n by default;
+    every other pair of cases with the host thread flushing denormals.
+    Under the emulation the launchers must wait for the device and copy to
+    the host once each (the two sizes) when n and k are positive, and
+    never otherwise."""
+    rng = np.random.default_rng(3)
+    case = 0
+    for name, x32, dtypes, k_values in two_sided_inputs(sizes, rng):
+        n = x32.size
+        if report.skip(n):
+            continue
+        for dtype in dtypes:
+            x = to_dtype(x32, dtype)
+            if n > 100 and not name.startswith("all "):  # one sign only
+                ints, patterns = NAN_BITS[dtype]
+                at = rng.choice(n, len(patterns), replace=False)
+                x.view(ints)[at] = np.array(patterns, ints)
+            x_32 = as_float32(x, dtype)
+            ks = k_values or {0, 1, max(1, n // 1000), n // 2, n}
+            for k in sorted(k for k in ks if k <= n):
+                where = setup(case)
+                flush = h.can_flush and case % 4 >= 2
+                case += 1
+                pv, pi, nv, ni = h.top_k_two_sided(x, dtype, k, flush)
+                pos, neg = np_select_two_sided(x_32, k)
+                ok = (
+                    np.array_equal(pi, pos)
+                    and np.array_equal(ni, neg)
+                    and same_bits(pv, x[pos])
+                    and same_bits(nv, np_flip_sign(x[neg]))
+                )
+                traffic = ""
+                if h.emulated:
+                    want = (1, 1, 0) if n > 0 and k > 0 else (0, 0, 0)
+                    ok = ok and h.top_k_traffic == want
+                    traffic = f" host traffic {h.top_k_traffic}"
+                report(
+                    ok,
+                    f"top_k_two_sided {name} {k=} {dtype} sizes "
+                    f"{pos.size}, {neg.size} flush_denormals={flush}"
+                    f"{traffic}{where}",
+                )
+
+
 def check_bits(h: Harness, sizes, setup, report: Tally) -> None:
     rng = np.random.default_rng(2)
     for case, (n, _) in enumerate(sizes.each()):
@@ -1709,6 +1831,7 @@ CHECKS = {
     "top_k_sample": check_top_k_sample,
     "top_k_segments": check_top_k_segments,
     "top_k_ratio": check_top_k_ratio,
+    "top_k_two_sided": check_top_k_two_sided,
     "add_residual": check_add_residual,
     "bits": check_bits,
     "scatter_add_sum": check_scatter_add_sum,

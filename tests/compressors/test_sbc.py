@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 
 import tfgc
+from tests import backends
 from tests.compressors.common import heavy_tailed, replica_copies, shared_key
 from tests.conftest import NUM_LOGICAL_CPUS
 from tfgc import compressors, ops
@@ -263,3 +264,140 @@ def test_sbc_under_error_feedback_takes_the_fused_path():
     )
     _, ctx = ef.compress(x, state, None)
     assert ctx.corrected is None and ctx.residual is not None
+
+
+# --- The compiled two-sided selection sends what SBC sent before it -------
+
+
+def _todays_largest(x, k):
+    """SBC's one-sign selection before `ops.top_k_two_sided`, verbatim."""
+    values, indices = ops.top_k_abs(tf.nn.relu(x), k)
+    keep = ~(values <= 0)  # relu(NaN) is NaN: it is sent
+    values, indices = values[keep], indices[keep]
+    order = tf.argsort(indices)
+    return tf.gather(values, order), tf.gather(indices, order)
+
+
+def _todays_two_sides(flat, k):
+    """What SBC._select took its two sides from before: two one-sign
+    selections, of flat and of -flat."""
+    return ops.TwoSidedSelection(
+        *_todays_largest(flat, k), *_todays_largest(-flat, k)
+    )
+
+
+TWO_SIDED_CASES = (
+    "normal",
+    "specials",
+    "nan_bits",
+    "ties",
+    "zeros",
+    "positive",
+    "negative",
+    "few_positive",
+    "subnormals",
+    "sampled",
+)
+_NAN_BITS = {  # both signs, quiet and signalling, with payloads
+    tf.float32: (tf.uint32, [0xFFC00000, 0x7FC00123, 0xFF800001]),
+    tf.float64: (tf.uint64, [0xFFF8000000000000, 0x7FF0000000000001]),
+    tf.float16: (tf.uint16, [0xFE00, 0x7E12, 0xFC01]),
+    tf.bfloat16: (tf.uint16, [0xFFC0, 0x7FC1, 0xFF81]),
+}
+
+
+def _two_sided_case(case, dtype):
+    """(x, residual) of SBC's hard cases for the two-sided selection."""
+    rng = np.random.default_rng(TWO_SIDED_CASES.index(case))
+    shape = (600, 500) if case == "sampled" else (40, 50)
+    n = shape[0] * shape[1]
+    x = heavy_tailed(shape, 7, df=3).reshape(-1)
+    residual = rng.normal(size=n).astype("float32") * 0.3
+    if case == "specials":
+        x[[3, 50]] = np.nan
+        x[7], x[11], x[12], x[13] = np.inf, -np.inf, 0.0, -0.0
+        x[100:140] = x[100]
+    elif case in ("zeros", "ties", "subnormals"):
+        residual[:] = 0
+        if case == "ties":
+            x = np.resize(np.float32([1, -1, 0.5, -2]), n)
+        elif case == "subnormals":  # of float32, float16 and float64
+            tiny = np.float32([1e-40, -3e-39, 6e-8, -1.2e-7, 0.0, -0.0])
+            x = np.where(rng.random(n) < 0.9, np.resize(tiny, n), x * 1e-6)
+        else:
+            x[:] = 0
+    elif case == "positive":
+        x, residual = np.abs(x) + 0.5, np.abs(residual)
+    elif case == "negative":
+        x, residual = -np.abs(x) - 0.5, -np.abs(residual)
+    elif case == "few_positive":  # k above the positive entries
+        x = np.where(rng.random(n) < 0.004, np.abs(x), -np.abs(x))
+        residual[:] = 0
+    x = tf.cast(tf.constant(x.reshape(shape)), dtype)
+    residual = tf.cast(tf.constant(residual.reshape(shape)), dtype)
+    if case == "nan_bits":
+        ints, patterns = _NAN_BITS[dtype]
+        bits = tf.bitcast(x, ints).numpy().reshape(-1)
+        bits[[5, 60, 61][: len(patterns)]] = patterns
+        x = tf.bitcast(tf.constant(bits.reshape(shape), ints), dtype)
+    if case == "subnormals" and dtype == tf.float64:
+        x = x * tf.constant(1e-270, tf.float64)  # float64's subnormals
+    return x, residual
+
+
+def _bits(t):
+    t = tf.convert_to_tensor(t)
+    if t.dtype.is_floating:
+        t = tf.bitcast(
+            t, {2: tf.uint16, 4: tf.uint32, 8: tf.uint64}[t.dtype.size]
+        )
+    return t.numpy()
+
+
+def _sbc_outputs(sbc, x, residual, graph):
+    """Payload fields, sent indices and values, new residual."""
+
+    def run(x, residual):
+        payload, ctx, new_residual = sbc.compress_with_residual(
+            x, residual, (), None
+        )
+        return (*payload, ctx.indices, ctx.values, new_residual)
+
+    return [_bits(t) for t in (tf.function(run) if graph else run)(x, residual)]
+
+
+@pytest.mark.parametrize("backend", ["custom", "reference"])
+@pytest.mark.parametrize(
+    "dtype",
+    [tf.float32, tf.float16, tf.bfloat16, tf.float64],
+    ids=lambda d: d.name,
+)
+@pytest.mark.parametrize("case", TWO_SIDED_CASES)
+def test_sbc_sends_bit_for_bit_what_it_sent_before(
+    backend, dtype, case, monkeypatch
+):
+    """SBC's payload, local estimate and residual with the two-sided
+    selection (compiled or its reference) are, bit for bit, those of the
+    selection it replaced (two one-sign top_k_abs of relu(x) and of
+    relu(-x)), for every dtype and hard case, eagerly and in a tf.function.
+    Only in a tf.function with NaN in A do they differ: Grappler rewrote
+    the old `~(values <= 0)` into `values > 0` there, which dropped NaN;
+    the two-sided selection keeps it as in eager mode (the old intent)."""
+    backends.use(backend, monkeypatch)
+    sbc = compressors.SBC(density=0.001 if case == "sampled" else 0.01)
+    x, residual = _two_sided_case(case, dtype)
+    with monkeypatch.context() as m:
+        m.setattr(ops, "top_k_two_sided", _todays_two_sides)
+        eager_before = _sbc_outputs(sbc, x, residual, graph=False)
+        graph_before = _sbc_outputs(sbc, x, residual, graph=True)
+    nan = bool(tf.reduce_any(tf.math.is_nan(tf.cast(x, tf.float32))))
+    for graph, before in ((False, eager_before), (True, graph_before)):
+        now = _sbc_outputs(sbc, x, residual, graph)
+        if graph and nan:
+            before = eager_before
+        for got, want in zip(now, before):
+            np.testing.assert_array_equal(got, want)
+    if nan:  # what Grappler did to the old graph: NaN was not sent
+        where = np.flatnonzero(np.isnan(tf.cast(x, tf.float32).numpy()))
+        assert set(where) <= set(eager_before[3])
+        assert not set(where) & set(graph_before[3])

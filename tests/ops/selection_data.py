@@ -48,6 +48,17 @@ def sampled_runs(n):
     return mask
 
 
+# The names `hostile` takes.
+HOSTILE = (
+    "outlier",
+    "student_t2",
+    "sample_too_high",
+    "sample_too_low",
+    "mostly_zero",
+    "two_values",
+)
+
+
 def hostile(name, n):
     """Data that sends the CPU kernel's compaction through each of its
     retries (see PlanSelection in top_k_sample_cpu.cc), and heavy tails."""

@@ -81,7 +81,12 @@ def run_harness_checks(lib: str, *extra: str) -> None:
 def test_kernels_match_numpy(emulation_lib):
     from custom_ops.cuda_harness import run_harness  # noqa: PLC0415
 
-    own_tests = ("top_k_segments", "fused_update", "top_k_ratio")
+    own_tests = (
+        "top_k_segments",
+        "fused_update",
+        "top_k_ratio",
+        "top_k_two_sided",
+    )
     checks = [c for c in run_harness.CHECKS if c not in own_tests]
     run_harness_checks(emulation_lib, "--checks", ",".join(checks))
 
@@ -102,6 +107,16 @@ def test_top_k_ratio_matches_numpy(emulation_lib):
     # zero, subnormal and infinite weights, NaN, Inf, ties and floors from
     # 0 to 1e30, with and without the host thread flushing.
     run_harness_checks(emulation_lib, "--checks", "top_k_ratio")
+
+
+def test_top_k_two_sided_matches_numpy(emulation_lib):
+    # TopKTwoSided's launchers (SBC's two sides): both sides' indices and
+    # values bit for bit numpy's (np_select_two_sided; NaN payloads of
+    # both signs, the negative side's sign bit flipped), every dtype, on
+    # TopKSample's inputs and one sign only, k above a side's entries,
+    # zeros of both signs and subnormals, with and without the host thread
+    # flushing; one wait and one copy of the sizes to the host.
+    run_harness_checks(emulation_lib, "--checks", "top_k_two_sided")
 
 
 def test_fused_update_matches_numpy(emulation_lib):

@@ -97,6 +97,13 @@ def _results():
                 out[key + "_residual"] = _bits(r)
                 v, i, _ = tfgc.ops.top_k_ratio(tiny, k, outlier, 0.5, x)
                 out[key + "_tiny_indices"] = i.numpy()
+                # SBC's two sides: the magnitude filter of the AVX2 scan,
+                # with NaN, Inf, subnormals of both signs and zeros.
+                for name, data in (("", x), ("subnormal_", tiny)):
+                    sides = tfgc.ops.top_k_two_sided(data, k)
+                    key = f"{name}two_sided_{dtype.name}_{n}_{k}"
+                    for j, t in enumerate(sides):
+                        out[f"{key}_{j}"] = _bits(t)
         mask = tf.constant(np.random.default_rng(n).random(n) < 0.5)
         out[f"pack_{n}"] = tfgc.ops.pack_bits(mask).numpy()
     return out

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import tfgc.ops
 from custom_ops.cuda_harness.numpy_oracle import np_keys, np_select
 from tests.ops.selection_data import (
+    HOSTILE,
     as_float32,
     hostile,
     mixed_subnormals,
@@ -496,17 +497,7 @@ def test_large_inputs_match_numpy(backend, mode, data):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize(
-    "data",
-    [
-        "outlier",
-        "student_t2",
-        "sample_too_high",
-        "sample_too_low",
-        "mostly_zero",
-        "two_values",
-    ],
-)
+@pytest.mark.parametrize("data", HOSTILE)
 def test_sampled_floor_retries_match_numpy(custom_lib, mode, data):
     """Whatever the sample predicts, the selection is the specification's:
     a floor that is too high is lowered (to the bisection's lo threshold,

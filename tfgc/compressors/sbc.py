@@ -26,16 +26,6 @@ class _Context(NamedTuple):
     state: NoState
 
 
-def _largest(x: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """The (up to) k largest strictly positive entries of flat x, NaN first
-    (it counts as the largest magnitude): values, increasing indices."""
-    values, indices = ops.top_k_abs(tf.nn.relu(x), k)
-    keep = ~(values <= 0)  # relu(NaN) is NaN: it is sent
-    values, indices = values[keep], indices[keep]
-    order = tf.argsort(indices)
-    return tf.gather(values, order), tf.gather(indices, order)
-
-
 @base.register
 class SBC(base.DensityCompressor):
     """Sparse Binary Compression of weight updates.
@@ -96,8 +86,11 @@ class SBC(base.DensityCompressor):
             values, indices = ops.top_k_abs(flat, k)
             order = tf.argsort(indices)
             return tf.gather(indices, order), tf.gather(values, order)
-        pos_values, pos_indices = _largest(flat, k)
-        neg_values, neg_indices = _largest(-flat, k)
+        # The k largest positive entries and the k most negative ones (NaN
+        # on both sides, as the largest magnitude), in one pass.
+        pos_values, pos_indices, neg_values, neg_indices = ops.top_k_two_sided(
+            flat, k
+        )
 
         def mean(v):
             count = tf.maximum(tf.size(v), 1)

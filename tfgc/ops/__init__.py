@@ -32,10 +32,12 @@ from tfgc.ops.golomb import max_encoded_bytes as golomb_max_encoded_bytes
 from tfgc.ops.scatter import scatter_add_sum
 from tfgc.ops.shuffle import index_shuffle
 from tfgc.ops.top_k_sample import (
+    TwoSidedSelection,
     ratio_scores,
     top_k_abs,
     top_k_ratio,
     top_k_sample,
+    top_k_two_sided,
 )
 from tfgc.ops.top_k_sample_segments import (
     SegmentSelection,
@@ -62,6 +64,8 @@ __all__ = [
     "top_k_ratio",
     "top_k_sample",
     "top_k_sample_segments",
+    "top_k_two_sided",
+    "TwoSidedSelection",
     "unpack_bits",
     "unpack_bits_sum",
     "unpack_bits_vote",

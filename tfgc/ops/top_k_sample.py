@@ -5,10 +5,14 @@
 `tfgc/ops/top_k_sample_reference.py`, which also states the modes)
 otherwise; both return the same indices for the same inputs and seed.
 `top_k_abs` is the exact top-k by magnitude; `top_k_ratio` the exact top-k
-of |acc| / (|w| + floor) fused with error feedback (importance pruning).
+of |acc| / (|w| + floor) fused with error feedback (importance pruning);
+`top_k_two_sided` the k largest positive and k most negative entries in
+one pass (SBC's binarization).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -32,6 +36,9 @@ __all__ = [
     "top_k_ratio",
     "top_k_sample",
     "top_k_sample_reference",
+    "top_k_two_sided",
+    "top_k_two_sided_reference",
+    "TwoSidedSelection",
 ]
 
 
@@ -220,3 +227,66 @@ def top_k_ratio(
         acc, indices[:, None], tf.zeros_like(values)
     )
     return values, indices, tf.reshape(new_residual, tf.shape(x))
+
+
+class TwoSidedSelection(NamedTuple):
+    """What `top_k_two_sided` selects: each side's values and int32
+    indices, [up to k] each, indices increasing."""
+
+    positive_values: tf.Tensor  # x there
+    positive_indices: tf.Tensor
+    negative_values: tf.Tensor  # -x there: the magnitudes
+    negative_indices: tf.Tensor
+
+
+def _largest(flat: tf.Tensor, k: int | tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """The (up to) k largest strictly positive entries of flat, NaN first
+    (it counts as the largest magnitude): values, increasing indices."""
+    values, indices = top_k_abs(tf.nn.relu(flat), k)
+    # relu(NaN) is NaN: it is kept. Spelled with is_nan, not as
+    # ~(values <= 0): Grappler rewrites that to values > 0 in graphs,
+    # which would drop NaN in tf.function only.
+    keep = (values > 0) | tf.math.is_nan(values)
+    values, indices = values[keep], indices[keep]
+    order = tf.argsort(indices)
+    return tf.gather(values, order), tf.gather(indices, order)
+
+
+def top_k_two_sided_reference(x: tf.Tensor, k: int) -> TwoSidedSelection:
+    """`top_k_two_sided` in pure TensorFlow: `top_k_abs` of relu(x) and of
+    relu(-x), each kept where it is > 0 or NaN, in index order."""
+    flat = tf.reshape(tf.convert_to_tensor(x), [-1])
+    return TwoSidedSelection(*_largest(flat, k), *_largest(-flat, k))
+
+
+def top_k_two_sided(x: tf.Tensor, k: int | tf.Tensor) -> TwoSidedSelection:
+    """The k largest positive entries of the flattened x and its k most
+    negative ones (SBC's two sides).
+
+    On the positive side are the entries > 0 and NaN, on the negative side
+    those < 0 and NaN, compared as TensorFlow's CPU threads compare (with
+    denormals flushed: zeros and float32 subnormals are on neither side;
+    float16's subnormals are normal in float32 and count). Each side keeps
+    its min(k, entries) largest magnitudes, NaN and +-Inf first, the lower
+    index first among equal magnitudes, in index order. With the library
+    loaded and float32, float16 or bfloat16, one compiled op
+    (`Tfgc>TopKTwoSided`) reads x once for both sides; otherwise (and for
+    float64) `top_k_two_sided_reference`, the same bit for bit.
+
+    Args:
+        x: floating tensor of any shape (flattened).
+        k: entries per side, in [0, x.size]; int or int32/int64 scalar.
+
+    Returns:
+        A `TwoSidedSelection`: the positive side's values (x there) and
+        int32 indices, the negative side's values (-x there: relu(-x), a
+        NaN's sign bit flipped) and indices.
+
+    Raises:
+        tf.errors.InvalidArgumentError: k is not a scalar in [0, x.size].
+    """
+    x = tf.convert_to_tensor(x)
+    lib = _library.custom_ops()
+    if lib is not None and x.dtype in _FLOAT_DTYPES:
+        return TwoSidedSelection(*lib.tfgc_top_k_two_sided(x, _as_index(k)))
+    return top_k_two_sided_reference(x, k)

@@ -113,51 +113,27 @@ std::array<uint32_t, kRanks> KthLargest(OpKernelContext* ctx,
   return out;
 }
 
-// The keys that predict where to compact: all of them below kMinSampled
-// elements, else kRuns runs of kRun consecutive keys (16 cache lines,
-// prefetched, read far faster than 64 Ki keys one cache line apart),
-// spread evenly.
-constexpr int64_t kRuns = 256;
-constexpr int64_t kRun = 256;
-constexpr int64_t kMinSampled = 4 * kRuns * kRun;
-
+// The keys that predict where to compact (ForEachSampled).
 template <typename T>
 void DrawSample(const TopKSampleInput<T>& x, Candidates* cand) {
-  const int64_t n = x.n;
   std::vector<uint32_t>& sample = cand->sample;
   sample.clear();
-  if (n < kMinSampled) {
-    for (int64_t i = 0; i < n; ++i) sample.push_back(KeyOf(x.Score(i)));
-  } else {
-    const int64_t stride = n / kRuns;
-    for (int64_t r = 0; r < kRuns; ++r) {
-      const int64_t begin = r * stride + (stride - kRun) / 2;
-      for (int64_t i = begin; i < begin + kRun; ++i) {
-        sample.push_back(KeyOf(x.Score(i)));
-      }
-    }
-  }
+  ForEachSampled(x.n, [&](int64_t i) { sample.push_back(KeyOf(x.Score(i))); });
   cand->sample_top.fill(0);
   AddDigits(sample.data(), static_cast<int64_t>(sample.size()), kTopShift, 0,
             &cand->sample_top);
 }
 
 // A key that the r-th largest key of the n-element input reaches, judged
-// from the sample: exactly the r-th largest when the sample is the whole
-// input, otherwise the sample's key of rank r m / n plus four standard
-// deviations and 8 (m sampled keys), so it is lower with high probability.
-// 0 when the sample cannot tell; kNoRank when r > n.
+// from the sample: the sample's key of rank SampleRank(n, m, r) (m sampled
+// keys), so exact when the sample is the whole input and lower with high
+// probability otherwise. 0 when the sample cannot tell; kNoRank when r > n.
 int64_t LowerBoundOfRank(OpKernelContext* ctx, int64_t n, int64_t r,
                          Candidates* cand) {
   if (r > n) return kNoRank;
   const auto m = static_cast<int64_t>(cand->sample.size());
-  int64_t rank = r;
-  if (m < n) {
-    const double expect = static_cast<double>(r) * m / n;
-    rank = static_cast<int64_t>(
-        std::ceil(expect + 4.0 * std::sqrt(expect) + 8.0));
-    if (rank > m) return 0;
-  }
+  const int64_t rank = SampleRank(n, m, r);
+  if (rank > m) return 0;
   return KthLargest<1>(ctx, cand->sample, cand->sample_top, {rank},
                        &cand->bucket)[0];
 }
@@ -209,6 +185,19 @@ double SampledShare(const Candidates& cand, int64_t floor) {
 }
 
 }  // namespace
+
+int64_t SampleRank(int64_t n, int64_t m, int64_t r) {
+  if (m >= n) return r;
+  const double expect = static_cast<double>(r) * m / n;
+  return static_cast<int64_t>(
+      std::ceil(expect + 4.0 * std::sqrt(expect) + 8.0));
+}
+
+uint32_t KthLargestKey(OpKernelContext* ctx, const std::vector<uint32_t>& keys,
+                       const DigitHist& top, int64_t r,
+                       std::vector<uint32_t>* bucket) {
+  return KthLargest<1>(ctx, keys, top, {r}, bucket)[0];
+}
 
 // The selection of every mode rests on order statistics: trimmed top-k on
 // the k-th largest key, and the bisections of mstopk and threshold, which

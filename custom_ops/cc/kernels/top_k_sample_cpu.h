@@ -63,6 +63,42 @@ inline void AddDigits(const uint32_t* keys, int64_t size, int shift,
   }
 }
 
+// The elements a selection samples to predict where to compact: all of
+// them below kMinSampled elements, else kSampleRuns runs of kSampleRun
+// consecutive ones (16 cache lines of float32, prefetched, read far faster
+// than 64 Ki elements one cache line apart), spread evenly. fn(i) for each,
+// in index order.
+constexpr int64_t kSampleRuns = 256;
+constexpr int64_t kSampleRun = 256;
+constexpr int64_t kMinSampled = 4 * kSampleRuns * kSampleRun;
+
+template <typename F>
+void ForEachSampled(int64_t n, F&& fn) {
+  if (n < kMinSampled) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  const int64_t stride = n / kSampleRuns;
+  for (int64_t r = 0; r < kSampleRuns; ++r) {
+    const int64_t begin = r * stride + (stride - kSampleRun) / 2;
+    for (int64_t i = begin; i < begin + kSampleRun; ++i) fn(i);
+  }
+}
+
+// The rank among m sampled keys (ForEachSampled) whose key the r-th largest
+// of all n keys reaches with high probability: r when the sample is the
+// whole input, else r m / n plus four standard deviations and 8, rounded
+// up (possibly above m: the sample cannot tell).
+int64_t SampleRank(int64_t n, int64_t m, int64_t r);
+
+// The r-th largest (1 <= r <= keys.size()) of `keys`, whose top-digit
+// histogram (AddDigits at kTopShift) is `top`: two 11-bit histogram levels
+// (the second a pass over the keys in fixed blocks on the intra-op thread
+// pool), then nth_element in the one small bucket, gathered into `bucket`.
+uint32_t KthLargestKey(OpKernelContext* ctx, const std::vector<uint32_t>& keys,
+                       const DigitHist& top, int64_t r,
+                       std::vector<uint32_t>* bucket);
+
 // Growable, uninitialised (value, index) storage for one block's candidates.
 struct CandidateBuffer {
   std::unique_ptr<float[]> value;
@@ -135,38 +171,45 @@ struct Candidates {
 // unfriendly input, more is released rather than kept for good.
 constexpr int64_t kKeptBytes = int64_t{64} << 20;
 
-// The Candidates an op kernel keeps between calls.
-class CandidateCache {
+// The buffers an op kernel keeps between calls: Candidates here, or
+// another selection's (with a Bytes() of what they hold).
+template <typename Buffers>
+class BufferCache {
  public:
-  // Lends the kept Candidates for one selection (a concurrent one gets
-  // fresh ones) and takes them back with their capacity, or fresh ones when
-  // they hold more than kKeptBytes.
+  // Lends the kept buffers for one selection (a concurrent one gets fresh
+  // ones) and takes them back with their capacity, or fresh ones when they
+  // hold more than kKeptBytes.
   class Lease {
    public:
-    explicit Lease(CandidateCache* cache) : cache_(cache) {
+    explicit Lease(BufferCache* cache) : cache_(cache) {
       std::lock_guard<std::mutex> lock(cache_->mu_);
-      cand_ = std::move(cache_->kept_);
-      if (cand_ == nullptr) cand_ = std::make_unique<Candidates>();
+      buffers_ = std::move(cache_->kept_);
+      if (buffers_ == nullptr) buffers_ = std::make_unique<Buffers>();
     }
     ~Lease() {
-      if (cand_->Bytes() > kKeptBytes) cand_ = std::make_unique<Candidates>();
+      if (buffers_->Bytes() > kKeptBytes) {
+        buffers_ = std::make_unique<Buffers>();
+      }
       std::lock_guard<std::mutex> lock(cache_->mu_);
-      cache_->kept_ = std::move(cand_);
+      cache_->kept_ = std::move(buffers_);
     }
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
 
-    Candidates* get() { return cand_.get(); }
+    Buffers* get() { return buffers_.get(); }
 
    private:
-    CandidateCache* cache_;
-    std::unique_ptr<Candidates> cand_;
+    BufferCache* cache_;
+    std::unique_ptr<Buffers> buffers_;
   };
 
  private:
   std::mutex mu_;
-  std::unique_ptr<Candidates> kept_;
+  std::unique_ptr<Buffers> kept_;
 };
+
+// The Candidates an op kernel keeps between calls.
+using CandidateCache = BufferCache<Candidates>;
 
 // The statistics of the definitions in top_k_sample_common.h.
 struct Stats {

@@ -63,6 +63,7 @@
 #include <limits>
 #include <vector>
 
+#include "custom_ops/cc/kernels/cuda_block.h"
 #include "custom_ops/cc/kernels/cuda_float.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
 #include "custom_ops/cc/kernels/top_k_sample_common.h"
@@ -254,40 +255,11 @@ int GridFor(int64_t items) {
   return StrideGridFor(items * kThreads, kThreads);
 }
 
-template <typename V>
-__device__ __forceinline__ V WarpSum(V v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-  return v;
-}
-
 __device__ __forceinline__ float WarpMax(float v) {
   for (int o = 16; o > 0; o >>= 1) {
     v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
   }
   return v;
-}
-
-// Exclusive scan of one value per thread of the block; *total gets the
-// block's sum. Every thread must call it (it has barriers).
-template <typename V>
-__device__ __forceinline__ V BlockExclusiveScan(V v, V* total) {
-  __shared__ V s_warp[kThreads / 32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  V incl = v;
-  for (int o = 1; o < 32; o <<= 1) {
-    const V y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
-  }
-  if (lane == 31) s_warp[warp] = incl;
-  __syncthreads();
-  V warp_base = 0, sum = 0;
-  for (int w = 0; w < kThreads / 32; ++w) {
-    if (w < warp) warp_base += s_warp[w];
-    sum += s_warp[w];
-  }
-  __syncthreads();
-  *total = sum;
-  return warp_base + incl - v;
 }
 
 // acc = g + r, with the CPU kernel's bits (subnormals flushed, as there).
@@ -438,9 +410,6 @@ __global__ void SelectDigitKernel(int pass, Segments segs,
   __shared__ int64_t s_above;
   const int bits = DigitBits(pass);
   const int bins = 1 << bits;
-  const int per = bins / kThreads;
-  // Thread t holds the digits top, top - 1, ..., top - per + 1.
-  const int top = bins - 1 - static_cast<int>(threadIdx.x) * per;
   for (int s = blockIdx.x; s < segs.count; s += gridDim.x) {
     const Ranks ranks = segs.At(s).ranks;
     RadixState* state = &states[s].radix;
@@ -453,18 +422,7 @@ __global__ void SelectDigitKernel(int pass, Segments segs,
         s_digit = 0;
         s_above = 0;
       }
-      int64_t local = 0;
-      for (int i = 0; i < per; ++i) local += h[top - i];
-      int64_t total;
-      int64_t before = BlockExclusiveScan(local, &total);  // higher digits
-      for (int i = 0; i < per; ++i) {
-        const int64_t c = h[top - i];
-        if (before < rem && rem <= before + c) {
-          s_digit = top - i;
-          s_above = before;
-        }
-        before += c;
-      }
+      FindRankBin<kThreads>(h, bins, rem, &s_digit, &s_above);
       __syncthreads();
       if (threadIdx.x == 0) {
         const uint32_t prefix = pass == 0 ? 0u : state->prefix[j];
@@ -636,8 +594,8 @@ __global__ void FinalizeKernel(Segments segs,
       const int64_t vb =
           c < g.chunks ? static_cast<int64_t>(totals[2 * c + 1]) : 0;
       int64_t ta, tb;
-      const int64_t ea = BlockExclusiveScan(va, &ta);
-      const int64_t eb = BlockExclusiveScan(vb, &tb);
+      const int64_t ea = BlockExclusiveScan<kThreads>(va, &ta);
+      const int64_t eb = BlockExclusiveScan<kThreads>(vb, &tb);
       if (c < g.chunks) {
         offsets[2 * c] = carry_a + ea;
         offsets[2 * c + 1] = carry_b + eb;
@@ -669,7 +627,7 @@ __global__ void OutputOffsetsKernel(Segments segs, const DeviceState* states,
       size = states[s].plan.output_size;
     }
     int64_t total;
-    const int64_t before = BlockExclusiveScan(size, &total);
+    const int64_t before = BlockExclusiveScan<kThreads>(size, &total);
     if (s < segs.count) {
       sizes[s] = size;
       segs.table[s].out_begin = carry + before;
@@ -692,8 +650,8 @@ __global__ void TileScanKernel(Segments segs, const int32_t* counts,
     const int64_t a = t < g.tiles ? seg_counts[t] : 0;
     const int64_t b = t < g.tiles ? seg_counts[g.tiles + t] : 0;
     int64_t ta, tb;
-    const int64_t ea = BlockExclusiveScan(a, &ta);
-    const int64_t eb = BlockExclusiveScan(b, &tb);
+    const int64_t ea = BlockExclusiveScan<kThreads>(a, &ta);
+    const int64_t eb = BlockExclusiveScan<kThreads>(b, &tb);
     if (t < g.tiles) {
       seg_offsets[t] = chunk_offsets[2 * c] + ea;
       seg_offsets[g.tiles + t] = chunk_offsets[2 * c + 1] + eb;
@@ -734,8 +692,10 @@ __global__ void WriteKernel(const T* x, Segments segs,
         c = Classify(p, Key(v));
       }
       int total_a, total_b;
-      const int ea = BlockExclusiveScan(static_cast<int>(c == 1), &total_a);
-      const int eb = BlockExclusiveScan(static_cast<int>(c == 2), &total_b);
+      const int ea =
+          BlockExclusiveScan<kThreads>(static_cast<int>(c == 1), &total_a);
+      const int eb =
+          BlockExclusiveScan<kThreads>(static_cast<int>(c == 2), &total_b);
       if (c != 0) {
         const int64_t a_rank = above_before + ea;
         const int64_t b_rank = band_before + eb;
