@@ -99,7 +99,7 @@ class Auto(Compressor):
         trial_steps: the start-up measurement sees idle collectives and
             an idle device, and cannot tell apart candidates whose
             predictions are within `trial_margin` of each other; the
-            plans that differ by such candidates (at most 4) are each run
+            plans that differ by such candidates (at most 6) are each run
             for this many steps, and the one with the shortest measured
             step (averaged over the workers) is kept. None: the predicted
             plan, untried.
