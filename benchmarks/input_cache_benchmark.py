@@ -116,13 +116,7 @@ def small_cnn(spec):
 
 def compute_seconds(step, images, labels, repeats: int = 10) -> float:
     """The median step on one batch already in memory."""
-    step(images, labels).numpy()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step(images, labels).numpy()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return _common.timeit(lambda: step(images, labels), repeats) / 1e3
 
 
 def measure(source, level, rate, examples, batch, epochs, workdir, step=None):

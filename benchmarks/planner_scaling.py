@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from typing import NamedTuple
@@ -60,6 +59,7 @@ import tensorflow as tf
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import tfgc  # noqa: E402
+from benchmarks._common import timeit  # noqa: E402
 from benchmarks.lab import worker as lab_worker  # noqa: E402
 from benchmarks.lab.netns import parse_rate  # noqa: E402
 from tfgc.communicators import topology as topology_lib  # noqa: E402
@@ -140,17 +140,8 @@ def backward(model, x, y, loss_fn) -> tuple[float, float]:
             loss = loss_fn(y, model(x, training=True))
         return tape.gradient(loss, model.trainable_variables)[0]
 
-    def median(fn):
-        fn()
-        times = []
-        for _ in range(REPEATS):
-            t0 = time.perf_counter()
-            fn().numpy()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    f = median(forward)
-    return f, max(median(both) - f, 0.0)
+    f = timeit(forward, REPEATS) / 1e3
+    return f, max(timeit(both, REPEATS) / 1e3 - f, 0.0)
 
 
 def simulate(start, gaps, codec, wire) -> tuple[float, list[float]]:
