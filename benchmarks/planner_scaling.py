@@ -189,7 +189,9 @@ def plan_row(setting: Setting, name: str, plan, start, gaps) -> dict:
 
     def predicted(choices):
         exchange = [choices[b].seconds[plan[b]] for b in buckets]
-        return max(bucket_costs.pipelined_seconds(ready, exchange), ready[-1])
+        compute = [choices[b].compute[plan[b]] for b in buckets]
+        end = bucket_costs.pipelined_seconds(ready, exchange, compute)
+        return max(end, ready[-1])
 
     return {
         "workers": setting.workers,
@@ -200,7 +202,7 @@ def plan_row(setting: Setting, name: str, plan, start, gaps) -> dict:
         "predicted_one_payload_s": predicted(setting.one_payload),
         "codec_truth_s": sum(codec),
         "codec_model_s": sum(
-            setting.predicted[b].seconds[plan[b]] - wire[b] for b in buckets
+            setting.predicted[b].compute[plan[b]] for b in buckets
         ),
         "wire_s": sum(wire),
     }

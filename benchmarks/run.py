@@ -234,7 +234,8 @@ PRESETS = {
         "rate": "1gbit,10gbit",
         "model": "resnet50",
         "compressors": PLANNER_CANDIDATES,
-        "steps": 6,
+        # Steps vary by 5-10 % on 2 cores: more of them for the median.
+        "steps": 12,
         "warmup": 3,
         "timeout": 5400,
         "bytes_per_pack": 25 * 2**20,
@@ -267,6 +268,7 @@ DEFAULTS = {
     "per_tensor": False,
     "unpipelined": False,
     "bytes_per_pack": 0,
+    "interleave": False,
 }
 
 
@@ -359,9 +361,9 @@ def cases(
     overlap the backward pass) and fp16 (tfgc's FP16), the compressors
     (with `per_tensor`, each also with a collective per tensor instead of
     tfgc's fused ones; with `unpipelined`, each, fp16 included, also in
-    one exchange after the backward pass, `bucket_bytes=None`), the floor,
-    then each compressor in the floor's local step (its compute
-    overhead)."""
+    one exchange after the backward pass, `bucket_bytes=None`; `auto`
+    with trials also with the plan it kept, fixed), the floor, then each
+    compressor in the floor's local step (its compute overhead)."""
     fp16 = {
         "name": "dense fp16",
         "kind": "compressed",
@@ -380,6 +382,15 @@ def cases(
             }
         )
     listed = [parse_compressor(c) for c in compressors.split() if c]
+    # `auto` with trials: also the plan it kept, built without the switch
+    # that trials need (`lab_worker.prepare`), for what the switch costs.
+    fixed = [
+        dict(c, name=c["name"] + report.PLAN_FIXED_SUFFIX, plan_of=c["name"])
+        for c in listed
+        if c["compressor"] == "auto"
+        and "choices" not in c["kwargs"]
+        and tfgc.compressors.get("auto", **c["kwargs"]).trial_steps
+    ]
     # No twin where the entry chose its buckets or the compressor has a
     # size of its own (ACP-SGD's), which `bucket_bytes=None` keeps.
     serial = [
@@ -414,6 +425,7 @@ def cases(
         + packed
         + [fp16]
         + listed
+        + fixed
         + serial
         + unfused
         + [{"name": "no communication", "kind": "floor"}]
@@ -472,6 +484,7 @@ def run_once(
         "steps": args.steps,
         "warmup": args.warmup,
         "workers_per_host": per_host,
+        "interleave": args.interleave,
     }
     result = {
         "rate": rate,
@@ -667,6 +680,13 @@ def _parser() -> argparse.ArgumentParser:
         help="also run dense fp32 through MultiWorkerMirroredStrategy with "
         "CommunicationOptions(bytes_per_pack=N), TensorFlow's own overlap "
         "(0: not)",
+    )
+    parser.add_argument(
+        "--interleave",
+        action=argparse.BooleanOptionalAction,
+        help="build and warm up every case first, then time one step of "
+        "each in turn, --steps rounds: the machine's slow spells fall on "
+        "every case alike (each case keeps its model in memory meanwhile)",
     )
     parser.add_argument(
         "--fit",

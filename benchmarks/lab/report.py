@@ -17,6 +17,8 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 LOCAL_SUFFIX = ", no communication"
 #: How a case in one exchange after the backward pass is named.
 UNPIPELINED_SUFFIX = ", unpipelined"
+#: How the plan an `auto` case kept, run without its switch, is named.
+PLAN_FIXED_SUFFIX = ", its plan fixed"
 
 
 def _steal(share: float | None) -> str:
@@ -140,6 +142,16 @@ def markdown(results: dict, plots: list[str]) -> str:
         "(that step minus the floor), the share the buckets overlap with "
         "the backward pass.",
     ]
+    if results.get("settings", {}).get("interleave"):
+        lines += [
+            "",
+            "Interleaved: every case was built and warmed up first, then "
+            "the timed steps ran one per case in turn (a round of every "
+            "case, as many rounds as steps), so a slow spell of the "
+            "machine falls on every case alike; cases with other "
+            "strategy options (bytes_per_pack) run in their own "
+            "processes, interleaved among themselves.",
+        ]
     for run in results["runs"]:
         rate = run["rate"] or "unshaped (localhost)"
         lines += [
@@ -210,22 +222,28 @@ def plan_lines(rows: list[dict]) -> list[str]:
         for r in rows
         if r["kind"] == "compressed"
         and not r.get("plan")
-        and not r["name"].endswith(UNPIPELINED_SUFFIX)
+        and not r["name"].endswith((UNPIPELINED_SUFFIX, PLAN_FIXED_SUFFIX))
     ]
+    by_name = {r["name"]: r for r in rows}
     lines = []
     for r in rows:
         plan = r.get("plan")
         if not plan:
             continue
         t = step_s(r)
+        twin = by_name.get(r["name"] + PLAN_FIXED_SUFFIX)
         caption, _, table = plan["table"].partition("\n")
         lines += ["", f"**{r['name']}**: {caption}", "", table, ""]
         found = plan.get("report")
         if found:
-            predicted = found["predicted_step"]
+            # The step measured here with the predicted exposed exchange
+            # in place of the measured one (the plan's own clock would
+            # count the other cases' steps when they are interleaved).
+            predicted = t - found["exposed"] + found["predicted_exposed"]
             lines.append(
-                f"Predicted step (the measured backward pass with the "
-                f"predicted exchange, over {found['exchanges']} steps): "
+                f"Predicted step (the measured step with the predicted "
+                f"exchange after the last gradient, that over "
+                f"{found['exchanges']} steps): "
                 f"{_ms(predicted)} ms, measured here {_ms(t)} ms "
                 f"({100 * (predicted - t) / t:+.0f} %); its exchange "
                 f"{_ms(sum(found['busy']))} ms measured, "
@@ -237,6 +255,12 @@ def plan_lines(rows: list[dict]) -> list[str]:
                 f"Against the best fixed case ({_ms(best)} ms): "
                 f"{t / best:.2f}x its step time; against the best dense "
                 f"case: {r['speedup_vs_best_dense']:.2f}x faster."
+            )
+        if twin:
+            lines.append(
+                f"The plan it kept, built without the trials' switch "
+                f"(`Auto(choices=...)`): {_ms(step_s(twin))} ms, auto "
+                f"{t / step_s(twin):.2f}x that."
             )
     return lines
 

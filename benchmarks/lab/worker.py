@@ -21,12 +21,16 @@ workers for a case that needs other strategy options):
   compressor that weighs the network's costs per tensor, RedSync, is told
   `cost_model=None` so that it compresses every tensor as it does with
   peers).
-Each case: `warmup` steps (under `compressor="auto"` at least until its
-trials have chosen), two barriers, the timed steps (each fetched
-to the host), two barriers. A compressor with a communication delay d (SBC)
-communicates once per d steps, so its step time is reported as the mean
-over the timed steps (whole rounds when `warmup` and `steps` are
-multiples of d), not the median, which would be a local step's. With
+A case with `plan_of` runs the plan that the named `auto` case kept,
+built fixed (`Auto(choices=...)`, no trials' switch). Each case:
+`warmup` steps (under `compressor="auto"` at least until its trials have
+chosen), two barriers, the timed steps (each fetched to the host), two
+barriers; with `interleave`, every case is prepared first and the timed
+steps take turns, one per case in each round. A compressor with a
+communication delay d (SBC) communicates once per d steps, so its step
+time is reported as the mean over the timed steps (whole rounds when
+`warmup` and `steps` are multiples of d), not the median, which would be
+a local step's. With
 `netdev`, the host's veth counters are read inside its namespace
 between the barriers of each pair.
 """
@@ -39,6 +43,8 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -331,7 +337,33 @@ def read_counters(netdev: str | None) -> dict | None:
     return out
 
 
-def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
+class Prepared(NamedTuple):
+    """A case built and warmed up, ready for its timed steps.
+
+    Attributes:
+        case: the spec's case.
+        optimizer: its optimizer (tfgc's or Keras's).
+        variables: the model's trainable variables.
+        one_step: runs one training step, returns its seconds.
+        local: whether it runs outside the strategy (`LOCAL`).
+    """
+
+    case: dict
+    optimizer: object
+    variables: list
+    one_step: Callable[[], float]
+    local: bool
+
+
+def prepare(case: dict, spec: dict, strategy, plans: dict) -> Prepared:
+    """Builds the case's model, optimizer and step, and runs its warm-up
+    steps. A case with `plan_of` runs the plan that the `auto` case it
+    names kept (`plans`: name -> choices of the cases prepared so far),
+    fixed; an `auto` case's plan is added to `plans`."""
+    if case.get("plan_of"):
+        kwargs = dict(case["kwargs"], verbose=False)
+        kwargs["choices"] = plans[case["plan_of"]]
+        case = dict(case, kwargs=kwargs)
     workers = strategy.num_replicas_in_sync
     rng = np.random.default_rng(1 + int(os.environ.get("TFGC_WORKER_INDEX", 0)))
     local = case["kind"] in LOCAL
@@ -382,6 +414,15 @@ def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
 
     for _ in range(warmup_steps(spec, optimizer)):
         one_step()
+    plan = getattr(optimizer, "plan", None)
+    if plan is not None:
+        plans[case["name"]] = list(plan.choices)
+    return Prepared(case, optimizer, model.trainable_variables, one_step, local)
+
+
+def timed(prepared: Prepared, steps: int, barrier, netdev) -> tuple:
+    """`steps` timed steps of a prepared case: (their seconds, the host's
+    veth counters' change over them or None)."""
     # Each host's counters are read between two barriers, so that the
     # host's other workers start no timed step (and send nothing of it)
     # before the first read, nor the next case's steps before the second.
@@ -392,16 +433,39 @@ def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
     # also left this host (a worker may finish its step before its last
     # sends leave the queue); each barrier adds a few hundred bytes.
     barrier()
-    before = read_counters(spec.get("netdev"))
+    before = read_counters(netdev)
     barrier()
-    times = [one_step() for _ in range(spec["steps"])]
+    times = [prepared.one_step() for _ in range(steps)]
     barrier()
-    after = read_counters(spec.get("netdev"))
+    after = read_counters(netdev)
     barrier()
+    delta = (
+        None if before is None else {k: after[k] - before[k] for k in before}
+    )
+    return times, delta
 
+
+def interleaved(prepared: list[Prepared], steps: int, barrier, netdev):
+    """`timed` for every prepared case in turn, one step each per round,
+    `steps` rounds: a slow spell of the machine falls on every case
+    alike. Per case (its seconds, its counters' change summed)."""
+    out = [([], None) for _ in prepared]
+    for _ in range(steps):
+        for n, one in enumerate(prepared):
+            times, delta = timed(one, 1, barrier, netdev)
+            total = out[n][1]
+            if delta is not None and total is not None:
+                delta = {k: total[k] + delta[k] for k in delta}
+            out[n] = (out[n][0] + times, delta)
+    return out
+
+
+def result(prepared: Prepared, spec: dict, workers: int, times, delta):
+    """What the runner reads of one case."""
+    case, optimizer, local = prepared.case, prepared.optimizer, prepared.local
     compressor = getattr(optimizer, "compressor", None)
     delay = getattr(compressor, "delay", 1)
-    result = {
+    return {
         "name": case["name"],
         "kind": case["kind"],
         "step_times_s": times,
@@ -411,17 +475,36 @@ def run_case(case: dict, spec: dict, strategy, barrier) -> dict:
         "analytic": None
         if local
         else analytic_bytes(
-            case, optimizer, model.trainable_variables, workers, per_host
+            case,
+            optimizer,
+            prepared.variables,
+            workers,
+            spec.get("workers_per_host", 1),
         ),
         "tfgc_stats": optimizer.compression_stats()
         if case["kind"] in ("compressed", PER_TENSOR)
         else None,
-        "counters_delta": None
-        if before is None
-        else {k: after[k] - before[k] for k in before},
-        "plan": None if local else plan_record(optimizer),
+        "counters_delta": delta,
+        "plan": None
+        if local or case.get("plan_of")
+        else plan_record(optimizer),
     }
-    return result
+
+
+def _progress(i: int, spec: dict, found: dict) -> None:
+    delta = found["counters_delta"]
+    wire = ""
+    if delta is not None:
+        sent = delta["tx_bytes"] / spec["steps"] / 1e6
+        wire = f", {sent:.2f} MB/step sent by host 0"
+    statistic = "mean" if found["delay"] > 1 else "median"
+    print(
+        f"[lab] case {i + 1}/{len(spec['cases'])} {found['name']}: "
+        f"{statistic} {found[f'{statistic}_step_s'] * 1e3:.1f} "
+        "ms/step over "
+        f"{spec['steps']} steps{wire}",
+        flush=True,
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -438,6 +521,7 @@ def main(argv: list[str]) -> int:
         communication_options=options
     )
     index = int(os.environ.get("TFGC_WORKER_INDEX", 0))
+    workers = strategy.num_replicas_in_sync
 
     @tf.function
     def _barrier():
@@ -450,32 +534,34 @@ def main(argv: list[str]) -> int:
     def barrier():
         strategy.experimental_local_results(_barrier())[0].numpy()
 
-    results = []
-    for i, case in enumerate(spec["cases"]):
-        barrier()
-        result = run_case(case, spec, strategy, barrier)
-        gc.collect()  # the case's model and optimizer, before the next
-        results.append(result)
-        if index == 0:
-            delta = result["counters_delta"]
-            wire = ""
-            if delta is not None:
-                sent = delta["tx_bytes"] / spec["steps"] / 1e6
-                wire = f", {sent:.2f} MB/step sent by host 0"
-            statistic = "mean" if result["delay"] > 1 else "median"
-            print(
-                f"[lab] case {i + 1}/{len(spec['cases'])} {case['name']}: "
-                f"{statistic} {result[f'{statistic}_step_s'] * 1e3:.1f} "
-                "ms/step over "
-                f"{spec['steps']} steps{wire}",
-                flush=True,
-            )
+    netdev, steps = spec.get("netdev"), spec["steps"]
+    results, plans = [], {}
+    if spec.get("interleave"):
+        prepared = []
+        for case in spec["cases"]:
+            barrier()
+            prepared.append(prepare(case, spec, strategy, plans))
+        measured = interleaved(prepared, steps, barrier, netdev)
+        for i, (one, (times, delta)) in enumerate(zip(prepared, measured)):
+            results.append(result(one, spec, workers, times, delta))
+            if index == 0:
+                _progress(i, spec, results[-1])
+    else:
+        for i, case in enumerate(spec["cases"]):
+            barrier()
+            one = prepare(case, spec, strategy, plans)
+            times, delta = timed(one, steps, barrier, netdev)
+            results.append(result(one, spec, workers, times, delta))
+            del one
+            gc.collect()  # the case's model and optimizer, before the next
+            if index == 0:
+                _progress(i, spec, results[-1])
     out = os.path.join(spec["result_dir"], f"worker{index}.json")
     with open(out, "w") as f:
         json.dump(
             {
                 "worker": index,
-                "workers": strategy.num_replicas_in_sync,
+                "workers": workers,
                 "custom_ops": tfgc.ops.using_custom_ops(),
                 "cases": results,
             },

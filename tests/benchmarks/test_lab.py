@@ -113,6 +113,35 @@ def test_transport_factors():
     assert worker.transport_factor("unknown", 4) is None
 
 
+def test_interleaved_steps_take_turns_and_sum_each_cases_bytes(
+    monkeypatch,
+):
+    log, sent = [], iter(range(0, 1000, 10))
+    monkeypatch.setattr(
+        worker,
+        "read_counters",
+        lambda netdev: {"tx_bytes": next(sent), "rx_bytes": 0},
+    )
+
+    def case(name):
+        def one_step():
+            log.append(name)
+            return len(log) / 1000
+
+        return worker.Prepared({"name": name}, None, [], one_step, False)
+
+    measured = worker.interleaved(
+        [case("a"), case("b")], 3, lambda: log.append("|"), "veth"
+    )
+    steps = [x for x in log if x != "|"]
+    assert steps == ["a", "b"] * 3
+    (a_times, a_sent), (b_times, b_sent) = measured
+    assert len(a_times) == len(b_times) == 3
+    # Each step's counters are read between barriers, 10 bytes apart.
+    assert a_sent == {"tx_bytes": 30, "rx_bytes": 0} == b_sent
+    assert log[:5] == ["|", "|", "a", "|", "|"]
+
+
 def test_compressor_options_and_cases():
     case = lab_run.parse_compressor("mstopk:0.001,communicator=hierarchical")
     assert case["kwargs"] == {"density": 0.001}
@@ -364,6 +393,54 @@ def test_cases_add_the_packed_dense_and_the_unpipelined_twins():
     )
 
 
+def test_auto_with_trials_gets_a_twin_with_its_plan_fixed():
+    listed = lab_run.cases("topk:0.01 auto auto:trial_steps=none")
+    twins = [c for c in listed if c.get("plan_of")]
+    # Only where trials switch plans; after the case whose plan it runs.
+    assert [c["name"] for c in twins] == ["auto +EF, its plan fixed"]
+    names = [c["name"] for c in listed]
+    assert names.index("auto +EF") < names.index(twins[0]["name"])
+    assert twins[0]["plan_of"] == "auto +EF"
+
+
+def test_plan_lines_set_auto_beside_fixed_cases_and_its_twin():
+    def row(name, step, plan=None):
+        return {
+            "name": name,
+            "kind": "compressed",
+            "step_s": step,
+            "median_step_s": step,
+            "plan": plan,
+            "speedup_vs_best_dense": 1.5,
+        }
+
+    plan = {
+        "table": "caption\n| bucket |",
+        "report": {
+            "exchanges": 5,
+            "exposed": 0.2,
+            "predicted_exposed": 0.1,
+            "busy": [0.3],
+            "predicted_busy": [0.25],
+        },
+    }
+    text = "\n".join(
+        report.plan_lines(
+            [
+                row("topk", 1.0),
+                row("auto", 1.1, plan),
+                row("auto" + report.PLAN_FIXED_SUFFIX, 0.88),
+            ]
+        )
+    )
+    # The twin is not a fixed candidate: the best fixed case is TopK.
+    assert "best fixed case (1,000.0 ms): 1.10x" in text
+    assert "built without the trials' switch" in text
+    assert "880.0 ms, auto 1.25x that" in text
+    # Predicted: the measured 1.1 s less 0.2 exposed plus 0.1 predicted.
+    assert "1,000.0 ms, measured here 1,100.0 ms (-9 %)" in text
+
+
 def test_each_strategys_options_get_their_own_workers(monkeypatch, tmp_path):
     spec = {
         "cases": lab_run.cases("topk:0.001", bytes_per_pack=1024),
@@ -588,7 +665,8 @@ def test_localhost_mode(tmp_path):
     proc = _lab(
         "--localhost", "--hosts", "2", "--model", "standin-small",
         "--compressors", "topk:0.01", "--steps", "2", "--warmup", "1",
-        "--per_tensor", "--timeout", "150", "--out", str(tmp_path),
+        "--per_tensor", "--interleave", "--timeout", "150",
+        "--out", str(tmp_path),
     )  # fmt: skip
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
@@ -600,4 +678,6 @@ def test_localhost_mode(tmp_path):
     rows = {r["name"]: r for r in run["cases"]}
     fused, unfused = rows["topk 0.01 +EF"], rows["topk 0.01 +EF, per tensor"]
     assert unfused["tfgc_sent_bytes"] == fused["tfgc_sent_bytes"] > 0
-    assert "unshaped (localhost)" in (tmp_path / "custom.md").read_text()
+    markdown = (tmp_path / "custom.md").read_text()
+    assert "unshaped (localhost)" in markdown
+    assert "Interleaved: every case" in markdown

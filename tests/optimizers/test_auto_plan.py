@@ -80,6 +80,36 @@ def test_buckets_go_on_the_wire_one_after_another():
     assert bucket_costs.pipelined_seconds([0.0, 5.0], [1.0, 1.0]) == 6.0
 
 
+def test_a_bucket_is_compressed_while_the_one_before_travels():
+    # Each 1 s exchange is 0.4 s of codec: bucket 1 (ready at 0.1 s) is
+    # compressed by 0.5 s, while bucket 0 is on the wire until 1 s.
+    ready, exchange, compute = [0.0, 0.1], [1.0, 1.0], [0.4, 0.4]
+    assert bucket_costs.pipelined_seconds(
+        ready, exchange, compute
+    ) == pytest.approx(1.6)
+    # Ready late: its codec and collectives follow, 1 s in all.
+    assert bucket_costs.pipelined_seconds(
+        [0.0, 5.0], exchange, compute
+    ) == pytest.approx(6.0)
+    # No codec time: as without `compute`.
+    assert bucket_costs.pipelined_seconds(ready, exchange, [0.0, 0.0]) == 2.0
+
+
+def test_the_codec_part_of_a_buckets_seconds():
+    codec = CodecCosts(per_tensor=1e-4, per_element=1e-8)
+    links = CollectiveCosts(Line(1e-3, 1e-9), Line(2e-3, 2e-9))
+    p = [TensorLoad(AR, 1, 100, 10), TensorLoad(AR, 1, 40, 0)]
+    q = [TensorLoad(AR, 1, 300, 30)]
+    compute = bucket_costs.codec_seconds([p, q], codec)
+    # Only the compressed tensors, the mean over the phases.
+    assert compute == pytest.approx(
+        (codec.seconds(1, 10) + codec.seconds(1, 30)) / 2
+    )
+    total = bucket_costs.bucket_seconds([p, q], codec, links)
+    wire = (links.seconds(AR, 140) + links.seconds(AR, 300)) / 2
+    assert total == pytest.approx(compute + wire)
+
+
 # --- the Auto argument ------------------------------------------------------
 
 
@@ -384,6 +414,14 @@ def test_the_clock_times_each_bucket_from_when_it_could_start():
     assert found.predicted_exposed == pytest.approx(0.5)
     assert found.predicted_step == pytest.approx(10.0 - 3.0 + 0.5)
     assert found.error == pytest.approx(-0.25)
+    # Bucket 0 predicted on the wire until 2 s: bucket 1's codec (0.25 of
+    # its 0.5 s) runs meanwhile, its collectives from 2 to 2.25 s.
+    sums = [v.numpy() for v in clock.sums()]
+    found = plan_clock.report(sums, (2.0, 0.5), compute=(0.0, 0.25))
+    assert found.predicted_exposed == pytest.approx(1.25)
+    assert plan_clock.report(sums, (2.0, 0.5)).predicted_exposed == (
+        pytest.approx(1.5)
+    )
 
 
 def test_a_prediction_far_off_is_warned_about():
@@ -426,6 +464,11 @@ def test_training_times_the_plans_buckets(mirrored, monkeypatch):
     assert found.predicted_busy == tuple(
         b.seconds[b.choice] for b in opt.plan.buckets
     )
+    # Each candidate's prediction splits into its codec's compute and
+    # its collectives, which take some time.
+    for b in opt.plan.buckets:
+        assert len(b.compute) == 2
+        assert all(0 <= c < s for c, s in zip(b.compute, b.seconds))
 
 
 def _texts(log_dir) -> dict[int, str]:

@@ -110,15 +110,12 @@ def bucket_seconds(
     collectives: CollectiveCosts,
 ) -> float:
     """A bucket's predicted exchange seconds under one codec: the mean
-    over the codec's phases (one per step, in turn) of its compute plus,
-    per round, one fused collective per route (a tensor's bytes spread
-    evenly over its rounds)."""
+    over the codec's phases (one per step, in turn) of its compute
+    (`codec_seconds`) plus, per round, one fused collective per route (a
+    tensor's bytes spread evenly over its rounds)."""
     total = 0.0
     for loads in phases:
-        compressed = [t for t in loads if t.elements]
-        seconds = codec.seconds(
-            len(compressed), sum(t.elements for t in compressed)
-        )
+        seconds = _compute(loads, codec)
         rounds = max(t.rounds for t in loads)
         for r in range(rounds):
             for route in (ALL_REDUCE, ALL_GATHER):
@@ -132,13 +129,35 @@ def bucket_seconds(
     return total / len(phases)
 
 
-def pipelined_seconds(
-    ready: Sequence[float], exchange: Sequence[float]
+def codec_seconds(
+    phases: Sequence[Sequence[TensorLoad]], codec: CodecCosts
 ) -> float:
-    """When the last bucket's exchange ends, buckets in exchange order:
-    bucket b starts when its gradients exist (`ready[b]`, seconds from
-    the step's start) and the previous bucket is off the wire."""
+    """The compute part of `bucket_seconds`: the mean over the phases of
+    the codec's seconds on the tensors it compresses."""
+    return sum(_compute(loads, codec) for loads in phases) / len(phases)
+
+
+def _compute(loads: Sequence[TensorLoad], codec: CodecCosts) -> float:
+    compressed = [t for t in loads if t.elements]
+    return codec.seconds(len(compressed), sum(t.elements for t in compressed))
+
+
+def pipelined_seconds(
+    ready: Sequence[float],
+    exchange: Sequence[float],
+    compute: Sequence[float] | None = None,
+) -> float:
+    """When the last bucket's exchange ends, buckets in exchange order.
+
+    Bucket b's collectives start when its gradients exist (`ready[b]`,
+    seconds from the step's start), its codec has run on them
+    (`compute[b]` of its `exchange[b]` seconds; none without `compute`)
+    and the previous bucket is off the wire: a bucket is compressed while
+    the one before it travels. (Its decompression, after its collectives,
+    is counted before them: the model keeps one number per codec.)"""
+    if compute is None:
+        compute = [0.0] * len(exchange)
     end = 0.0
-    for at, seconds in zip(ready, exchange):
-        end = max(end, at) + seconds
+    for at, seconds, work in zip(ready, exchange, compute):
+        end = max(end, at + work) + seconds - work
     return end

@@ -61,6 +61,9 @@ class BucketChoice(NamedTuple):
         dense_seconds: its predicted exchange seconds in dense fp32 (None
             where nothing was measured).
         choice: the index of its candidate.
+        compute: per candidate, the part of `seconds` its codec computes
+            on the device (the rest is its collectives); empty where not
+            measured.
     """
 
     variables: tuple[int, ...]
@@ -69,6 +72,7 @@ class BucketChoice(NamedTuple):
     seconds: tuple[float, ...]
     dense_seconds: float | None
     choice: int
+    compute: tuple[float, ...] = ()
 
 
 class AutoPlan(NamedTuple):
@@ -448,18 +452,23 @@ def choose(
     chosen = []
     for g in groups:
         variables = [var_list[i] for i in g]
+        loads = [
+            _loads(settings, c, variables, communicator, peers)
+            for c in auto.candidates
+        ]
         seconds = tuple(
-            bucket_costs.bucket_seconds(
-                _loads(settings, c, variables, communicator, peers),
-                codec,
-                collectives,
-            )
-            for c, codec in zip(auto.candidates, codecs)
+            bucket_costs.bucket_seconds(load, codec, collectives)
+            for load, codec in zip(loads, codecs)
+        )
+        compute = tuple(
+            bucket_costs.codec_seconds(load, codec)
+            for load, codec in zip(loads, codecs)
         )
         dense = bucket_costs.bucket_seconds(
             _dense_loads(variables, communicator), free, collectives
         )
-        chosen.append(_bucket(var_list, g, seconds, dense, pick(auto, seconds)))
+        choice = pick(auto, seconds)
+        chosen.append(_bucket(var_list, g, seconds, dense, choice, compute))
     return tuple(chosen)
 
 
@@ -487,7 +496,9 @@ def is_dense(candidate) -> bool:
     return isinstance(candidate, dense)
 
 
-def _bucket(var_list, group, seconds, dense, choice) -> BucketChoice:
+def _bucket(
+    var_list, group, seconds, dense, choice, compute=()
+) -> BucketChoice:
     variables = [var_list[i] for i in group]
     return BucketChoice(
         tuple(group),
@@ -496,6 +507,7 @@ def _bucket(var_list, group, seconds, dense, choice) -> BucketChoice:
         seconds,
         dense,
         choice,
+        compute,
     )
 
 

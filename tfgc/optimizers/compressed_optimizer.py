@@ -371,9 +371,14 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             return None
         clock = plan_clock.Clock.create(self.add_variable, len(plan.buckets))
         table = tuple(b.seconds for b in plan.buckets)
+        compute = tuple(b.compute for b in plan.buckets)
         if self._selector is None:
             return plan_clock.Timing(
-                clock, table, plan.choices, self.compressor.check_after
+                clock,
+                table,
+                plan.choices,
+                self.compressor.check_after,
+                compute=compute,
             )
         planner = replan.Replanner.create(
             self.add_variable,
@@ -382,7 +387,12 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             tuple(auto_plan.is_dense(c) for c in plan.candidates),
         )
         return plan_clock.Timing(
-            clock, table, self._selector, self.compressor.check_after, planner
+            clock,
+            table,
+            self._selector,
+            self.compressor.check_after,
+            planner,
+            compute,
         )
 
     def plan_report(self):
@@ -396,6 +406,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         return plan_clock.report(
             [v.numpy() for v in timing.clock.sums()],
             timing.predicted().numpy().tolist(),
+            timing.predicted_compute().numpy().tolist(),
         )
 
     @property

@@ -85,6 +85,8 @@ class Timing(NamedTuple):
         check_after: warn (`warn_if_off`) once this many exchanges are
             counted; None: never.
         replanner: a `replan.Replanner`, or None.
+        compute: like `table`, the part of each that the codec computes
+            (`BucketChoice.compute`); empty: not known.
     """
 
     clock: Clock
@@ -92,15 +94,25 @@ class Timing(NamedTuple):
     choices: object
     check_after: int | None
     replanner: object = None
+    compute: tuple[tuple[float, ...], ...] = ()
 
     def predicted(self) -> tf.Tensor:
         """float64 [buckets]: each bucket's predicted seconds under its
         candidate now."""
-        table = tf.constant(self.table, tf.float64)
+        return self._chosen(self.table)
+
+    def predicted_compute(self) -> tf.Tensor:
+        """float64 [buckets]: the codec's part of `predicted` (zeros where
+        not known)."""
+        if not self.compute:
+            return tf.zeros_like(self.predicted())
+        return self._chosen(self.compute)
+
+    def _chosen(self, table) -> tf.Tensor:
         choices = self.choices
         if isinstance(choices, tuple):
             choices = tf.constant(choices, tf.int32)
-        return tf.gather(table, choices, batch_dims=1)
+        return tf.gather(tf.constant(table, tf.float64), choices, batch_dims=1)
 
 
 def stamp_after(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -168,10 +180,13 @@ class PlanReport(NamedTuple):
         )
 
 
-def report(sums, predicted: Sequence[float]) -> PlanReport | None:
+def report(
+    sums, predicted: Sequence[float], compute: Sequence[float] | None = None
+) -> PlanReport | None:
     """The means of a clock's `sums` (`Clock.sums`, as numbers or eager
-    tensors) against `predicted` (each bucket's exchange seconds); None
-    before any exchange was counted."""
+    tensors) against `predicted` (each bucket's exchange seconds, of
+    which `compute` on the device, where known); None before any
+    exchange was counted."""
     seen, period, offsets, busy, exposed = (np.asarray(v) for v in sums)
     n = int(seen) - SETTLE
     if n <= 0:
@@ -179,7 +194,11 @@ def report(sums, predicted: Sequence[float]) -> PlanReport | None:
     offsets = offsets / n
     step = float(period) / n
     exposed = float(exposed) / n
-    end = bucket_costs.pipelined_seconds(offsets.tolist(), list(predicted))
+    end = bucket_costs.pipelined_seconds(
+        offsets.tolist(),
+        list(predicted),
+        None if compute is None else list(compute),
+    )
     predicted_exposed = max(end - float(np.max(offsets)), 0.0)
     return PlanReport(
         n,
@@ -209,18 +228,30 @@ def finish(timing: Timing, ready, done, checks: bool) -> None:
     chief) also checks the prediction when due."""
     record(timing.clock, ready, done)
     if checks and timing.check_after is not None:
-        check_when_due(timing.clock, timing.check_after, timing.predicted())
+        check_when_due(
+            timing.clock,
+            timing.check_after,
+            timing.predicted(),
+            timing.predicted_compute(),
+        )
 
 
-def check_when_due(clock: Clock, after: int, predicted: tf.Tensor) -> None:
+def check_when_due(
+    clock: Clock, after: int, predicted: tf.Tensor, compute: tf.Tensor
+) -> None:
     """Once `after` exchanges have been counted, `warn_if_off` (one host
-    call, in the step where it is due)."""
+    call, in the step where it is due; `report`'s arguments)."""
 
-    def check(predicted, *sums):
-        found = report([s.numpy() for s in sums], predicted.numpy().tolist())
+    def check(predicted, compute, *sums):
+        found = report(
+            [s.numpy() for s in sums],
+            predicted.numpy().tolist(),
+            compute.numpy().tolist(),
+        )
         warn_if_off(found)
 
     def due():
-        tf.py_function(check, [predicted, *clock.sums()], Tout=[])
+        inputs = [predicted, compute, *clock.sums()]
+        tf.py_function(check, inputs, Tout=[])
 
     tf.cond(tf.equal(clock.seen, SETTLE + after), due, lambda: None)
