@@ -234,8 +234,10 @@ PRESETS = {
         "rate": "1gbit,10gbit",
         "model": "resnet50",
         "compressors": PLANNER_CANDIDATES,
-        # Steps vary by 5-10 % on 2 cores: more of them for the median.
+        # Steps vary by 5-10 % on 2 cores, and the machine's pace drifts
+        # over minutes: more steps, each case's in turn with the others'.
         "steps": 12,
+        "interleave": True,
         "warmup": 3,
         "timeout": 5400,
         "bytes_per_pack": 25 * 2**20,
@@ -684,9 +686,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--interleave",
         action=argparse.BooleanOptionalAction,
-        help="build and warm up every case first, then time one step of "
-        "each in turn, --steps rounds: the machine's slow spells fall on "
-        "every case alike (each case keeps its model in memory meanwhile)",
+        help="build and warm up every case that communicates first, then "
+        "time one step of each in turn, --steps rounds: the machine's slow "
+        "spells fall on every case alike (each keeps its model in memory "
+        "meanwhile); the no-communication cases follow one after another",
     )
     parser.add_argument(
         "--fit",

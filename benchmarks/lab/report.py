@@ -145,12 +145,13 @@ def markdown(results: dict, plots: list[str]) -> str:
     if results.get("settings", {}).get("interleave"):
         lines += [
             "",
-            "Interleaved: every case was built and warmed up first, then "
-            "the timed steps ran one per case in turn (a round of every "
-            "case, as many rounds as steps), so a slow spell of the "
-            "machine falls on every case alike; cases with other "
-            "strategy options (bytes_per_pack) run in their own "
-            "processes, interleaved among themselves.",
+            "Interleaved: every case that communicates was built and "
+            "warmed up first, then their timed steps ran one per case in "
+            "turn (a round of every case, as many rounds as steps), so a "
+            "slow spell of the machine falls on each alike; the "
+            "no-communication cases ran one after another after them, and "
+            "cases with other strategy options (bytes_per_pack) in their "
+            "own processes.",
         ]
     for run in results["runs"]:
         rate = run["rate"] or "unshaped (localhost)"

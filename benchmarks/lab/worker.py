@@ -25,12 +25,13 @@ A case with `plan_of` runs the plan that the named `auto` case kept,
 built fixed (`Auto(choices=...)`, no trials' switch). Each case:
 `warmup` steps (under `compressor="auto"` at least until its trials have
 chosen), two barriers, the timed steps (each fetched to the host), two
-barriers; with `interleave`, every case is prepared first and the timed
-steps take turns, one per case in each round. A compressor with a
-communication delay d (SBC) communicates once per d steps, so its step
-time is reported as the mean over the timed steps (whole rounds when
-`warmup` and `steps` are multiples of d), not the median, which would be
-a local step's. With
+barriers; with `interleave`, every case that communicates is prepared
+first and their timed steps take turns, one per case in each round (each
+keeps its model in memory until the last; the local cases follow one
+after another). A compressor with a communication delay d (SBC)
+communicates once per d steps, so its step time is reported as the mean
+over the timed steps (whole rounds when `warmup` and `steps` are
+multiples of d), not the median, which would be a local step's. With
 `netdev`, the host's veth counters are read inside its namespace
 between the barriers of each pair.
 """
@@ -536,26 +537,36 @@ def main(argv: list[str]) -> int:
 
     netdev, steps = spec.get("netdev"), spec["steps"]
     results, plans = [], {}
-    if spec.get("interleave"):
+    # Interleaved: the cases that communicate (each keeps its model in
+    # memory until the last round); the local ones after, in turn.
+    together = [
+        n
+        for n, case in enumerate(spec["cases"])
+        if spec.get("interleave") and case["kind"] not in LOCAL
+    ]
+    if together:
         prepared = []
-        for case in spec["cases"]:
+        for n in together:
             barrier()
-            prepared.append(prepare(case, spec, strategy, plans))
+            prepared.append(prepare(spec["cases"][n], spec, strategy, plans))
         measured = interleaved(prepared, steps, barrier, netdev)
-        for i, (one, (times, delta)) in enumerate(zip(prepared, measured)):
+        for n, one, (times, delta) in zip(together, prepared, measured):
             results.append(result(one, spec, workers, times, delta))
             if index == 0:
-                _progress(i, spec, results[-1])
-    else:
-        for i, case in enumerate(spec["cases"]):
-            barrier()
-            one = prepare(case, spec, strategy, plans)
-            times, delta = timed(one, steps, barrier, netdev)
-            results.append(result(one, spec, workers, times, delta))
-            del one
-            gc.collect()  # the case's model and optimizer, before the next
-            if index == 0:
-                _progress(i, spec, results[-1])
+                _progress(n, spec, results[-1])
+        del prepared, one
+        gc.collect()
+    for n, case in enumerate(spec["cases"]):
+        if n in together:
+            continue
+        barrier()
+        one = prepare(case, spec, strategy, plans)
+        times, delta = timed(one, steps, barrier, netdev)
+        results.append(result(one, spec, workers, times, delta))
+        del one
+        gc.collect()  # the case's model and optimizer, before the next
+        if index == 0:
+            _progress(n, spec, results[-1])
     out = os.path.join(spec["result_dir"], f"worker{index}.json")
     with open(out, "w") as f:
         json.dump(
