@@ -242,9 +242,9 @@ def plan_lines(rows: list[dict]) -> list[str]:
             # count the other cases' steps when they are interleaved).
             predicted = t - found["exposed"] + found["predicted_exposed"]
             lines.append(
-                f"Predicted step (the measured step with the predicted "
-                f"exchange after the last gradient, that over "
-                f"{found['exchanges']} steps): "
+                f"Predicted step (this step with the exchange left after "
+                f"the last gradient as predicted in place of as measured "
+                f"over {found['exchanges']} steps): "
                 f"{_ms(predicted)} ms, measured here {_ms(t)} ms "
                 f"({100 * (predicted - t) / t:+.0f} %); its exchange "
                 f"{_ms(sum(found['busy']))} ms measured, "
