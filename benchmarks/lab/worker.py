@@ -538,7 +538,7 @@ def main(argv: list[str]) -> int:
     netdev, steps = spec.get("netdev"), spec["steps"]
     results, plans = [], {}
     # Interleaved: the cases that communicate (each keeps its model in
-    # memory until the last round); the local ones after, in turn.
+    # memory until the last round); the local ones after, one by one.
     together = [
         n
         for n, case in enumerate(spec["cases"])
