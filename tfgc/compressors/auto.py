@@ -99,10 +99,11 @@ class Auto(Compressor):
         trial_steps: the start-up measurement sees idle collectives and
             an idle device, and cannot tell apart candidates whose
             predictions are within `trial_margin` of each other; the
-            plans that differ by such candidates (at most 6) are each run
-            for this many steps, and the one with the shortest measured
-            step (averaged over the workers) is kept. None: the predicted
-            plan, untried.
+            plans that differ by such candidates (at most 6) take turns
+            step by step for this many rounds, and the one whose steps'
+            exchanges (first bucket ready to last bucket done, averaged
+            over the workers) have the shortest median is kept. None:
+            the predicted plan, untried.
         trial_margin: how close (a factor) a candidate's prediction for
             a bucket must be to the chosen one's to be tried there. The
             prediction counts a bucket's time on the wire in full, and in

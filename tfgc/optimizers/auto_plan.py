@@ -153,8 +153,9 @@ class AutoPlan(NamedTuple):
             )
             rows += [
                 "",
-                f"Tried in turn before settling (the shortest measured step "
-                f"wins), {len(self.contenders)} plans: {tried}.",
+                f"Tried step by step in turn before settling (the shortest "
+                f"median exchange span wins), {len(self.contenders)} plans: "
+                f"{tried}.",
             ]
         if measured:
             chosen = self.predicted_seconds()

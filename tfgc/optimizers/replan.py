@@ -1,9 +1,13 @@
 """Plans that change as training runs, the same on every worker.
 
 Trials (`Auto(trial_steps=W)`): the contenders (`auto_plan.contenders`:
-plans whose predictions the start-up measurement cannot tell apart) run
-in turn for W counted steps each; each one's mean step period is
-averaged over the workers, and the shortest wins.
+plans whose predictions the start-up measurement cannot tell apart) take
+turns step by step for W rounds, so that a slow spell of the machine
+falls on each alike. Each step is measured by its span, from its first
+bucket's gradients to its last bucket's sums (a step's period would also
+carry the previous step's exchange, another contender's); the spans are
+averaged over the workers, and the contender with the shortest median
+span wins.
 
 Revisions (`Auto(replan_every=N)`): every N steps after the trials the
 planner's predictions are corrected by what each codec measured, and
@@ -45,9 +49,8 @@ class Replanner(NamedTuple):
         contenders: the plans tried in turn in the first counted steps
             (`AutoPlan.contenders`); fewer than two: no trials.
         window: steps each contender is tried.
-        periods: float64 [contenders]: each one's mean step period.
-        since_period: float64: the clock's `period` when the current
-            trial started.
+        spans: float64 [window * contenders]: each trial step's span,
+            round by round.
     """
 
     every: int | None
@@ -58,8 +61,7 @@ class Replanner(NamedTuple):
     min_speedup: float
     contenders: tuple[tuple[int, ...], ...]
     window: int
-    periods: tf.Variable
-    since_period: tf.Variable
+    spans: tf.Variable
 
     @classmethod
     def create(
@@ -88,8 +90,7 @@ class Replanner(NamedTuple):
             auto.min_speedup,
             contenders,
             auto.trial_steps or 1,
-            made("periods", (max(len(contenders), 1),)),
-            made("since_period"),
+            made("spans", (max(len(contenders), 1) * (auto.trial_steps or 1),)),
         )
 
     @property
@@ -143,11 +144,13 @@ def pick(corrected: tf.Tensor, dense, min_speedup: float) -> tf.Tensor:
     return tf.where(stay_dense, best_dense, fastest)
 
 
-def step_end(timing: plan_clock.Timing, group) -> None:
-    """After a timed exchange: a trial's end or a revision, where one is
-    due (the same steps on every worker: the clock counts alike)."""
+def step_end(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
+    """After a timed exchange whose span (first bucket ready to last
+    bucket done, seconds) was `span`: a trial step's record or a
+    revision, where one is due (the same steps on every worker: the clock
+    counts alike)."""
     if timing.replanner.contenders:
-        _close_trial_when_due(timing, group)
+        _trial_step(timing, group, span)
     if timing.replanner.every is not None:
         _revise_when_due(timing, group)
 
@@ -163,39 +166,36 @@ def _agreed(value: tf.Tensor, group) -> tf.Tensor:
     return group.all_reduce(value) / group.size
 
 
-def _close_trial_when_due(timing: plan_clock.Timing, group) -> None:
-    """At the end of each trial window: its mean period (agreed) is kept,
-    and the next contender, or after the last the one with the shortest
-    period, takes over."""
+def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
+    """In the trials, counted step c ran contender (c - 1) mod count: its
+    span is kept, and the next contender takes over; after the last
+    round the one with the shortest median span (agreed)."""
     clock, planner = timing.clock, timing.replanner
-    count, window = len(planner.contenders), float(planner.window)
-    counted = _counted(clock)
-    due = tf.logical_and(
-        tf.logical_and(counted > 0, tf.math.floormod(counted, window) == 0),
-        counted <= count * window,
-    )
+    count, window = len(planner.contenders), planner.window
+    step = tf.cast(_counted(clock), tf.int32)  # this exchange's, from 1
+    plans = tf.constant(planner.contenders, tf.int32)
 
-    def close():
-        ended = tf.cast(counted / window, tf.int32) - 1
-        mean = (clock.period - planner.since_period) / window
-        mean = _agreed(mean[None], group)[0]
-        periods = tf.tensor_scatter_nd_update(
-            planner.periods, [[ended]], [mean]
-        )
-        planner.periods.assign(periods)
-        planner.since_period.assign(clock.period)
-        following = tf.where(
-            ended + 1 < count,
-            ended + 1,
-            tf.argmin(periods, output_type=tf.int32),
-        )
-        plans = tf.constant(planner.contenders, tf.int32)
-        timing.choices.assign(tf.gather(plans, following))
-        # Revisions measure from here on.
-        planner.since_busy.assign(clock.busy)
-        planner.since_seen.assign(clock.seen)
+    def record():
+        spans = tf.tensor_scatter_nd_update(planner.spans, [[step - 1]], [span])
+        planner.spans.assign(spans)
 
-    tf.cond(due, close, lambda: None)
+        def next_contender():
+            timing.choices.assign(tf.gather(plans, step % count))
+
+        def settle():
+            rounds = tf.reshape(_agreed(spans, group), [window, count])
+            ordered = tf.sort(rounds, axis=0)
+            median = (ordered[(window - 1) // 2] + ordered[window // 2]) / 2
+            best = tf.argmin(median, output_type=tf.int32)
+            timing.choices.assign(tf.gather(plans, best))
+            # Revisions measure from here on.
+            planner.since_busy.assign(clock.busy)
+            planner.since_seen.assign(clock.seen)
+
+        tf.cond(step == count * window, settle, next_contender)
+
+    in_trials = tf.logical_and(step >= 1, step <= count * window)
+    tf.cond(in_trials, record, lambda: None)
 
 
 def _revise_when_due(timing: plan_clock.Timing, group) -> None:
