@@ -48,7 +48,7 @@ class Replanner(NamedTuple):
         min_speedup: `Auto.min_speedup`.
         contenders: the plans tried in turn in the first counted steps
             (`AutoPlan.contenders`); fewer than two: no trials.
-        window: steps each contender is tried.
+        window: the rounds of the trials (steps each contender runs).
         spans: float64 [window * contenders]: each trial step's span,
             round by round.
     """
@@ -81,6 +81,7 @@ class Replanner(NamedTuple):
             )
 
         contenders = plan.contenders if len(plan.contenders) > 1 else ()
+        window = auto.trial_steps or 1
         return cls(
             auto.replan_every,
             made("factors", (len(dense),), "ones"),
@@ -89,8 +90,8 @@ class Replanner(NamedTuple):
             dense,
             auto.min_speedup,
             contenders,
-            auto.trial_steps or 1,
-            made("spans", (max(len(contenders), 1) * (auto.trial_steps or 1),)),
+            window,
+            made("spans", (max(len(contenders), 1) * window,)),
         )
 
     @property
