@@ -254,7 +254,7 @@ def test_trials_take_turns_and_keep_the_shortest_median_span():
     # Per counted step, the span of the contender that ran: (1, 1) is the
     # fastest but for one slow step, which its median ignores (its mean,
     # 2 s, would lose to (1, 0)'s 0.8 s).
-    spans = [1.0, 0.5, 0.8, 1.0, 5.0, 0.8, 1.0, 0.5, 0.8]
+    spans = [1.0, 0.5, 0.8, 0.8, 5.0, 1.0, 1.0, 0.5, 0.8]
     seen = []
     t = 0.0
     for span in [0.1] * plan_clock.SETTLE + spans:
@@ -263,10 +263,12 @@ def test_trials_take_turns_and_keep_the_shortest_median_span():
         plan_clock.record(clock, tf.unstack(stamps[0]), tf.unstack(stamps[1]))
         replan.step_end(timing, _OneWorker(), stamps[1, -1] - stamps[0, 0])
         seen.append(tuple(choices.numpy()))
-    # In turn, step by step, three rounds; then the shortest median.
-    turns = [(1, 1), (1, 0), (0, 0)]
-    assert seen[: plan_clock.SETTLE] == [(0, 0)] * plan_clock.SETTLE
-    assert seen[plan_clock.SETTLE :] == turns * 2 + turns[:2] + [(1, 1)]
+    # In turn, step by step, the second round in reverse (each contender
+    # at both parities of the step, ACP-SGD at both phases); then the
+    # shortest median. Shown: the contender for the next step.
+    a, b, c = (0, 0), (1, 1), (1, 0)
+    assert seen[: plan_clock.SETTLE] == [a] * plan_clock.SETTLE
+    assert seen[plan_clock.SETTLE :] == [b, c, c, b, a, a, b, c, b]
     np.testing.assert_allclose(planner.spans.numpy(), spans)
     # The winner holds from the step `trial_exchanges` counts (measured
     # plans only), as the lab's warm-up assumes.

@@ -2,12 +2,12 @@
 
 Trials (`Auto(trial_steps=W)`): the contenders (`auto_plan.contenders`:
 plans whose predictions the start-up measurement cannot tell apart) take
-turns step by step for W rounds, so that a slow spell of the machine
-falls on each alike. Each step is measured by its span, from its first
-bucket's gradients to its last bucket's sums (a step's period would also
-carry the previous step's exchange, another contender's); the spans are
-averaged over the workers, and the contender with the shortest median
-span wins.
+turns step by step for W rounds (in reverse order every other round),
+so that a slow spell of the machine falls on each alike. Each step is
+measured by its span, from its first bucket's gradients to its last
+bucket's sums (a step's period would also carry the previous step's
+exchange, another contender's); the spans are averaged over the workers,
+and the contender with the shortest median span wins.
 
 Revisions (`Auto(replan_every=N)`): every N steps after the trials the
 planner's predictions are corrected by what each codec measured, and
@@ -167,8 +167,17 @@ def _agreed(value: tf.Tensor, group) -> tf.Tensor:
     return group.all_reduce(value) / group.size
 
 
+def _turn(slot, count: int):
+    """The contender of the trials' step `slot` (0-based): in order in
+    even rounds, in reverse in odd ones, so that a contender's steps
+    alternate in parity round by round and a codec with two phases
+    (ACP-SGD's P and Q) runs both, whatever the number of contenders."""
+    position = slot % count
+    return tf.where((slot // count) % 2 == 0, position, count - 1 - position)
+
+
 def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
-    """In the trials, counted step c ran contender (c - 1) mod count: its
+    """In the trials, counted step c ran contender `_turn(c - 1)`: its
     span is kept, and the next contender takes over; after the last
     round the one with the shortest median span (agreed)."""
     clock, planner = timing.clock, timing.replanner
@@ -181,10 +190,13 @@ def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
         planner.spans.assign(spans)
 
         def next_contender():
-            timing.choices.assign(tf.gather(plans, step % count))
+            timing.choices.assign(tf.gather(plans, _turn(step, count)))
 
         def settle():
             rounds = tf.reshape(_agreed(spans, group), [window, count])
+            # Odd rounds ran in reverse: a column per contender.
+            even = tf.range(window) % 2 == 0
+            rounds = tf.where(even[:, None], rounds, rounds[:, ::-1])
             ordered = tf.sort(rounds, axis=0)
             median = (ordered[(window - 1) // 2] + ordered[window // 2]) / 2
             best = tf.argmin(median, output_type=tf.int32)
