@@ -175,6 +175,7 @@ def test_ragged_gather_carries_unequal_sizes_and_dtypes(mirrored):
 
 _GPU = "/job:worker/replica:0/task:0/device:GPU:0"
 _CPU = "/job:worker/replica:0/task:0/device:CPU:0"
+_LOCAL_CPU = "/job:localhost/replica:0/task:0/device:CPU:0"
 _IMPL = tf.distribute.experimental.CommunicationImplementation
 
 
@@ -215,6 +216,25 @@ def test_group_reads_its_device_and_options_for_the_reduce_scatter():
     assert not _group(_GPU).has_reduce_scatter
     assert not _group(_GPU, _IMPL.RING).has_reduce_scatter
     assert not _group(_CPU, _IMPL.NCCL).has_reduce_scatter
+
+
+@pytest.mark.parametrize("implementation", [_IMPL.NCCL, _IMPL.RING, None])
+def test_group_passes_its_hint_as_tensorflow_reads_it(implementation):
+    # TensorFlow's resolver picks NCCL only for the hint "nccl", verbatim;
+    # CommunicationImplementation's values are upper case.
+    group = _group(_LOCAL_CPU, implementation)
+    graph = (
+        tf.function(lambda x: (group.all_reduce(x), group.all_gather(x)))
+        .get_concrete_function(tf.TensorSpec([2], tf.float32))
+        .graph
+    )
+    hints = {
+        op.get_attr("communication_hint")
+        for op in graph.get_operations()
+        if op.type.startswith("Collective")
+    }
+    expected = implementation.value.lower() if implementation else "auto"
+    assert hints == {expected.encode()}
 
 
 def test_group_reduce_scatter_refuses_while_tracing():

@@ -123,7 +123,9 @@ class Group:
         self._hint = "auto"
         self._timeout = 0.0
         if options is not None:
-            self._hint = options.implementation.value
+            # TensorFlow's resolver compares the hint with "nccl" verbatim
+            # (and uses NCCL only on GPUs), and the raw ops pass it as is.
+            self._hint = options.implementation.value.lower()
             self._timeout = float(options.timeout_seconds or 0.0)
 
     @property
@@ -207,12 +209,12 @@ class Group:
                 "implementation=NCCL) on GPUs, or use all_reduce and slice."
             )
         self._refuse_xla("CollectiveReduceScatterV2")
-        common = self._common(self._instance_keys(1))
-        # TensorFlow's resolver compares the hint with "nccl" verbatim.
-        common["communication_hint"] = self._hint.lower()
         with tf.device(self.device):
             shard = tf.raw_ops.CollectiveReduceScatterV2(
-                input=buffer, merge_op="Add", final_op="Id", **common
+                input=buffer,
+                merge_op="Add",
+                final_op="Id",
+                **self._common(self._instance_keys(1)),
             )
         return tf.reshape(shard, [length // self.size])
 
