@@ -20,7 +20,8 @@ order, each step bounded in time and printing a progress line:
    torch.topk and a device-to-device copy; SBC's two-sided selection
    against two one-sign trimmed selections; the many-tensor kernels
    (segmented TopKSample, FusedUpdate of ResNet-50's 161 variables)
-   against one launch per tensor.
+   against one launch per tensor; with PyTorch, each timed call once
+   more under its profiler, for the device time of every kernel.
 5. report: REPORT_DIR/ops_gpu.md and ops_gpu.json, rewritten after every
    step so that a run cut short keeps what finished, and
    REPORT_DIR/device_check.log with every command's output.
@@ -798,6 +799,18 @@ def render(state: dict) -> str:
             "",
             timings_lib.render(t),
         ]
+        if t.get("kernels"):
+            lines += [
+                "## Where the time goes",
+                "",
+                "Each tfgc call timed above, run once more under PyTorch's "
+                "profiler (CUPTI): the device time of the kernels, memsets "
+                "and copies it launched, in microseconds (launches that "
+                "overlap count in full).",
+                "",
+                timings_lib.kernel_lines(t["kernels"]),
+                "",
+            ]
     return "\n".join(lines) + "\n"
 
 

@@ -28,6 +28,11 @@ Tables (`--only`):
 
 Under `--emulate` the same code times the CPU emulation: it shows that the
 script works, not how fast anything is.
+
+Where PyTorch with CUDA is installed, every tfgc call timed is also run
+once under PyTorch's profiler (CUPTI), which records the device time of
+each kernel, memset and copy it launches: the result's `kernels` list,
+which says where a call's time goes (`kernel_lines` renders it).
 """
 
 from __future__ import annotations
@@ -71,6 +76,90 @@ class Timing(NamedTuple):
     low: float
     high: float
     reps: int
+
+
+class KernelTime(NamedTuple):
+    """One kernel (or memset, copy) of a profiled call: its launches in
+    the call and their device time together."""
+
+    name: str
+    launches: int
+    us: float
+
+
+def kernel_times(torch, fn: Callable[[], None]) -> list[KernelTime]:
+    """The device time of each kernel one call of `fn` launches, longest
+    first, from PyTorch's profiler (CUPTI sees the harness's launches too)."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    times = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = e.cuda_time_total
+        if us > 0:
+            times.append(KernelTime(short_kernel_name(e.key), e.count, us))
+    return sorted(times, key=lambda t: -t.us)
+
+
+def short_kernel_name(name: str) -> str:
+    """`void tfgc::gpu::(anonymous namespace)::HistKernel<float>(...)`
+    -> `HistKernel<float>`: a kernel's own name and template arguments;
+    other records (`Memset (Device)`) as they are."""
+    if "::" not in name or not name.endswith(")"):
+        return name
+    name = name.removeprefix("void ").replace("(anonymous namespace)::", "")
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):  # the argument list's "("
+        depth += {")": 1, "(": -1}.get(name[i], 0)
+        if depth == 0:
+            name = name[:i]
+            break
+    depth, cut = 0, 0
+    for i, c in enumerate(name):  # after the last "::" outside <...>
+        depth += {"<": 1, ">": -1}.get(c, 0)
+        if depth == 0 and name.startswith("::", i):
+            cut = i + 2
+    return name[cut:]
+
+
+def kernel_lines(records: list[dict], top: int = 6) -> str:
+    """A markdown table of the profiled calls: each call's integer
+    arguments, its device time and its `top` longest kernels."""
+    rows = []
+    for r in records:
+        kernels = [KernelTime(*k) for k in r["kernels"]]
+        total = sum(k.us for k in kernels)
+        shown = "; ".join(
+            f"{k.name} {k.us:.1f}"
+            + (f" (x{k.launches})" if k.launches > 1 else "")
+            for k in kernels[:top]
+        )
+        rows.append(
+            {
+                "table": r["table"],
+                "call": r["call"],
+                "args": " ".join(str(a) for a in r["args"]),
+                "launches": sum(k.launches for k in kernels),
+                "us": total,
+                "kernels": shown,
+            }
+        )
+    return markdown_table(
+        rows,
+        [
+            ("table", "table"),
+            ("call", "call"),
+            ("integer arguments", "args"),
+            ("launches", "launches"),
+            ("device us", "us"),
+            (f"longest {top}: device us", "kernels"),
+        ],
+    )
 
 
 class Settings(NamedTuple):
@@ -148,13 +237,27 @@ class Bench:
         self.h, self.settings, self.torch = h, settings, torch
         self.clock = Clock(h, settings)
         self.torch_clock = Clock(h, settings, torch) if torch else None
+        self.kernels: list[dict] = []  # each profiled call's kernel times
+        self.table = ""  # the table being timed, for those records
 
     def call(self, name: str, *args) -> None:
         self.h.check(getattr(self.h.lib, name)(*args), name)
 
     def time(self, name: str, *args) -> Timing:
-        """Times the C API function `name` called with `args`."""
-        return self.clock.time(partial(self.call, name, *args))
+        """Times the C API function `name` called with `args` and, with
+        PyTorch, profiles one more call of it."""
+        fn = partial(self.call, name, *args)
+        timing = self.clock.time(fn)
+        if self.torch is not None:
+            self.kernels.append(
+                {
+                    "table": self.table,
+                    "call": name,
+                    "args": [a for a in args if type(a) is int],
+                    "kernels": [list(k) for k in kernel_times(self.torch, fn)],
+                }
+            )
+        return timing
 
     def copy_ms(self, d_x, nbytes: int) -> float:
         d_y = self.h.alloc(nbytes)
@@ -884,11 +987,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     for name in only:
         print(f"timing {name}", flush=True)
+        bench.table = name
         rows = getattr(bench, name)()
         result["tables"][name] = {
             "command": table_command(argv, name),
             "rows": rows,
         }
+        result["kernels"] = bench.kernels
         if args.json:  # as it goes, so that a run cut short keeps them
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
@@ -900,6 +1005,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
     print(render(result))
+    if result.get("kernels"):
+        print("\n### kernels\n\n" + kernel_lines(result["kernels"]))
     return 0
 
 

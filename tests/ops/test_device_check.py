@@ -211,3 +211,43 @@ def test_commands_are_shown_as_a_person_reruns_them():
     assert dc.shown(command) == (
         "python3 run_harness.py --no-build --checks bits"
     )  # fmt: skip
+
+
+def test_kernel_names_are_shortened_to_the_kernel_and_its_types():
+    short = dc.timings_lib.short_kernel_name
+    assert short(
+        "void tfgc::gpu::(anonymous namespace)::HistKernel<float, 3>"
+        "(float const*, long)"
+    ) == "HistKernel<float, 3>"  # fmt: skip
+    assert short("tfgc::gpu::(anonymous namespace)::PlanKernel(long*)") == (
+        "PlanKernel"
+    )
+    assert short("Memset (Device)") == "Memset (Device)"
+
+
+def test_the_report_says_where_each_calls_time_goes():
+    records = [
+        {
+            "table": "scatter_add_sum",
+            "call": "tfgc_scatter_add_sum",
+            "args": [0, 102232, 25557032],
+            "kernels": [
+                ["ScatterPassKernel<float>", 4, 300.0],
+                ["Memset", 2, 40.5],
+            ],
+        }
+    ]
+    table = dc.timings_lib.kernel_lines(records)
+    row = table.splitlines()[-1]
+    assert row.startswith(
+        "| scatter_add_sum | tfgc_scatter_add_sum | 0 102232 25557032 | 6 |"
+    )
+    assert "340.5" in row
+    assert "ScatterPassKernel<float> 300.0 (x4); Memset 40.5 (x2)" in row
+    # The report of the first H100 run (made before the records), with them.
+    results = os.path.join(ROOT, "benchmarks", "results")
+    with open(os.path.join(results, "ops_gpu_first_run.json")) as f:
+        state = json.load(f)
+    assert "## Where the time goes" not in dc.render(state)
+    state["timings"]["kernels"] = records
+    assert "## Where the time goes" in dc.render(state)

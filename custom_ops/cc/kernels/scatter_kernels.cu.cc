@@ -20,16 +20,20 @@
 // brings each element's values together in input order; the first thread
 // of each run then adds the run up and writes the element. A run is summed
 // by one thread because a left-to-right float32 sum cannot be split without
-// changing its rounding. Each pass: a per-block digit histogram, one block
-// scanning the histograms into offsets, and a scatter in which every block
-// walks its contiguous share of the input row by row, ranking the rows'
-// equal digits with warp ballots. The first pass also checks the indices;
-// the host waits for that check, as the op must fail on a bad index.
+// changing its rounding. Each pass: a per-block digit histogram; one block
+// per digit scanning that digit's counts over the blocks into offsets (a
+// single block scanning all of them was most of the op's time on an H100);
+// and a scatter in which every block adds the digits' bases (a scan of the
+// 256 digit totals) and walks its contiguous share of the input row by
+// row, ranking the rows' equal digits with warp ballots. The first pass
+// also checks the indices; the host waits for that check, as the op must
+// fail on a bad index.
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "custom_ops/cc/kernels/cuda_block.h"
 #include "custom_ops/cc/kernels/cuda_float.h"
 #include "custom_ops/cc/kernels/cuda_launch.h"
 #include "custom_ops/cc/kernels/scatter_gpu.h"
@@ -48,6 +52,7 @@ constexpr int64_t kMaxSortBlocks = 256;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 static_assert(kThreads == kDigits, "one thread per digit in the scans");
+static_assert(kMaxSortBlocks <= kThreads, "one thread per block's count");
 
 __device__ __forceinline__ int64_t Min(int64_t a, int64_t b) {
   return a < b ? a : b;
@@ -85,35 +90,24 @@ __global__ void HistogramKernel(const uint32_t* keys, int64_t m,
       s_count[threadIdx.x];
 }
 
-// Exclusive scan of the `len` counts in place, on one block: each thread
-// sums a contiguous segment, thread 0 scans the segment sums.
-__global__ void OffsetsKernel(int64_t* counts, int64_t len) {
-  __shared__ int64_t s_sum[kThreads];
-  const int64_t seg = (len + kThreads - 1) / kThreads;
-  const int64_t begin = Min(len, threadIdx.x * seg);
-  const int64_t end = Min(len, begin + seg);
-  int64_t sum = 0;
-  for (int64_t i = begin; i < end; ++i) sum += counts[i];
-  s_sum[threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int64_t total = 0;
-    for (int t = 0; t < kThreads; ++t) {
-      const int64_t c = s_sum[t];
-      s_sum[t] = total;
-      total += c;
-    }
-  }
-  __syncthreads();
-  int64_t offset = s_sum[threadIdx.x];
-  for (int64_t i = begin; i < end; ++i) {
-    const int64_t c = counts[i];
-    counts[i] = offset;
-    offset += c;
+// Each digit's row of counts (one block per digit, one block's count per
+// thread) scanned in place into offsets inside the row, and the row's
+// total in totals[digit]; ScatterPassKernel adds the digits' bases.
+__global__ void RowOffsetsKernel(int64_t* counts, int64_t blocks,
+                                 int64_t* totals) {
+  for (int d = blockIdx.x; d < kDigits; d += gridDim.x) {
+    const int64_t at = d * blocks + threadIdx.x;
+    const bool live = threadIdx.x < blocks;
+    const int64_t c = live ? counts[at] : 0;
+    int64_t total;
+    const int64_t before = BlockExclusiveScan<kThreads>(c, &total);
+    if (live) counts[at] = before;
+    if (threadIdx.x == 0) totals[d] = total;
   }
 }
 
-// One stable pass: moves each (key, value) of the block's share to
+// One stable pass: moves each (key, value) of the block's share to its
+// digit's base (the totals of the smaller digits) plus
 // offsets[digit * gridDim.x + block] plus its rank among the share's
 // earlier keys with that digit. Rows of kThreads pairs in input order; in
 // a row, the lanes of a warp with the same digit are found from one ballot
@@ -122,14 +116,18 @@ __global__ void OffsetsKernel(int64_t* counts, int64_t len) {
 template <typename V>
 __global__ void ScatterPassKernel(const uint32_t* keys, const V* values,
                                   int64_t m, int64_t per_block, int shift,
-                                  const int64_t* offsets, uint32_t* keys_out,
+                                  const int64_t* offsets,
+                                  const int64_t* totals, uint32_t* keys_out,
                                   float* values_out) {
   __shared__ int64_t s_base[2][kDigits];
   __shared__ unsigned s_warp_count[2][kWarps][kDigits];
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t begin = blockIdx.x * per_block;
   const int64_t end = Min(m, begin + per_block);
-  s_base[0][tid] = offsets[tid * int64_t{gridDim.x} + blockIdx.x];
+  int64_t all;
+  const int64_t digit_base = BlockExclusiveScan<kThreads>(totals[tid], &all);
+  s_base[0][tid] =
+      digit_base + offsets[tid * int64_t{gridDim.x} + blockIdx.x];
   int parity = 0;
   for (int64_t row = begin; row < end; row += kThreads, parity ^= 1) {
     const int64_t i = row + tid;
@@ -210,7 +208,8 @@ cudaError_t FindBadIndex(const int32_t* indices, int64_t m, int64_t n,
 // Where the parts of the scratch start.
 struct Scratch {
   unsigned* bad;
-  int64_t* counts;  // kDigits * blocks, then their offsets
+  int64_t* counts;  // kDigits * blocks, then their offsets in the rows
+  int64_t* totals;  // kDigits: each digit's count
   uint32_t* keys[2];
   float* values[2];
 };
@@ -220,7 +219,8 @@ Scratch SplitScratch(void* scratch, int64_t m, int64_t blocks) {
   Scratch s;
   s.bad = reinterpret_cast<unsigned*>(p);
   s.counts = reinterpret_cast<int64_t*>(p + sizeof(int64_t));
-  auto* keys = reinterpret_cast<uint32_t*>(s.counts + kDigits * blocks);
+  s.totals = s.counts + kDigits * blocks;
+  auto* keys = reinterpret_cast<uint32_t*>(s.totals + kDigits);
   s.keys[0] = keys;
   s.keys[1] = keys + m;
   auto* values = reinterpret_cast<float*>(keys + 2 * m);
@@ -249,18 +249,20 @@ cudaError_t Sum(const T* values, const int32_t* indices, int64_t m,
       LaunchKernel(HistogramKernel, grid, kThreads, 0, s, keys, m, per_block,
                    shift, n, static_cast<unsigned*>(nullptr), scr.counts);
     }
-    LaunchKernel(OffsetsKernel, 1, kThreads, 0, s, scr.counts,
-                 kDigits * blocks);
+    LaunchKernel(RowOffsetsKernel, StrideGridFor(kDigits * kThreads, kThreads),
+                 kThreads, 0, s, scr.counts, blocks, scr.totals);
     if (p == 0) {
       LaunchKernel(ScatterPassKernel<T>, grid, kThreads, 0, s, keys, values,
                    m, per_block, shift,
-                   static_cast<const int64_t*>(scr.counts), scr.keys[0],
+                   static_cast<const int64_t*>(scr.counts),
+                   static_cast<const int64_t*>(scr.totals), scr.keys[0],
                    scr.values[0]);
     } else {
       LaunchKernel(ScatterPassKernel<float>, grid, kThreads, 0, s, keys,
                    static_cast<const float*>(scr.values[(p - 1) % 2]), m,
                    per_block, shift, static_cast<const int64_t*>(scr.counts),
-                   scr.keys[p % 2], scr.values[p % 2]);
+                   static_cast<const int64_t*>(scr.totals), scr.keys[p % 2],
+                   scr.values[p % 2]);
     }
     keys = scr.keys[p % 2];
   }
@@ -304,11 +306,13 @@ cudaError_t Run(const T* values, const int32_t* indices, int64_t m,
 
 int64_t ScatterAddSumScratchBytes(int64_t m) {
   if (m <= 0) return 0;
-  // The flag (padded), the counts of at most this many blocks, and two
-  // (key, float32 value) buffers the passes alternate between.
+  // The flag (padded), the counts of at most this many blocks, the
+  // digits' totals, and two (key, float32 value) buffers the passes
+  // alternate between.
   const int64_t blocks =
       std::min<int64_t>((m + kThreads - 1) / kThreads, kMaxSortBlocks);
-  return static_cast<int64_t>(sizeof(int64_t)) * (1 + kDigits * blocks) +
+  return static_cast<int64_t>(sizeof(int64_t)) *
+             (1 + kDigits * blocks + kDigits) +
          2 * m * static_cast<int64_t>(sizeof(uint32_t) + sizeof(float));
 }
 

@@ -22,9 +22,10 @@
 //      (ranks sharing a prefix share a histogram), each followed by
 //      SelectDigitKernel. After them every rank's key is known exactly, and
 //      how many keys are above it.
-//   3. PlanKernel (one thread): the mean and max from the per-block
-//      partials in block order (deterministic), BisectByOrder, and the
-//      SelectionPlan's thresholds (MsTopKPlan, ThresholdPlan or ExactPlan).
+//   3. PlanKernel (a block per segment): the mean and max from the
+//      per-block partials (a fixed reduction tree: deterministic), then on
+//      one thread BisectByOrder and the SelectionPlan's thresholds
+//      (MsTopKPlan, ThresholdPlan or ExactPlan).
 //   4. TileCountKernel: per tile of 2048 elements, the number of keys above
 //      the plan's thresholds and in its band (for mstopk and threshold
 //      these are the counts at the bisection's final hi and lo thresholds),
@@ -48,8 +49,8 @@
 // segment's blocks (as many as a single-tensor launch of its n has, each
 // reading the same elements, so the statistics are summed in the same
 // order), TileCountKernel and WriteKernel its tiles, TileScanKernel its
-// chunks; the one-block kernels (SelectDigitKernel, FinalizeKernel) and
-// PlanKernel's thread run once per segment. Histograms, states, plans,
+// chunks; the one-block kernels (SelectDigitKernel, PlanKernel,
+// FinalizeKernel) run once per segment. Histograms, states, plans,
 // statistics, counts and offsets have a place per segment in the one
 // scratch buffer (Layout). Outputs follow in segment order: k entries per
 // segment in mstopk and trimmed modes, placed from the host's table; in
@@ -463,42 +464,66 @@ __global__ void PlanKernel(PlanArgs a, Segments segs, const double* sums,
                            const float* maxs,
                            const unsigned long long* finites,
                            DeviceState* states) {
-  for (int64_t s = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-       s < segs.count; s += int64_t{gridDim.x} * blockDim.x) {
-    const Segment g = segs.At(static_cast<int>(s));
-    if (!Active(g)) continue;
-    DeviceState* st = &states[s];
-    const RadixState& r = st->radix;
-    const Ranks& ranks = g.ranks;
-    int kind = kExactKind;
-    SelectionPlan plan;
+  __shared__ double s_sum[kThreads];
+  __shared__ float s_max[kThreads];
+  __shared__ unsigned long long s_fin[kThreads];
+  const int tid = threadIdx.x;
+  for (int s = blockIdx.x; s < segs.count; s += gridDim.x) {
+    const Segment g = segs.At(s);
+    if (!Active(g)) continue;  // the same for the whole block
     if (a.mode != TopKSampleMode::kTrimmed) {
+      // The partials of the segment's blocks, each thread those of every
+      // kThreads-th block, then a tree in a fixed order: the same sum on
+      // every run.
       double sum = 0.0;
       float mx = 0.0f;
       unsigned long long fin = 0;
-      for (int64_t b = g.block_begin; b < g.block_begin + g.blocks; ++b) {
+      for (int64_t b = g.block_begin + tid; b < g.block_begin + g.blocks;
+           b += kThreads) {
         sum += sums[b];
         mx = fmaxf(mx, maxs[b]);
         fin += finites[b];
       }
-      const float mean = Mean(sum, static_cast<int64_t>(fin));
-      const BisectionEnd e =
-          BisectByOrder(a.mode, mean, Diff(mx, mean), a.rounds,
-                        RankKey(r, ranks.k1), RankKey(r, ranks.k2));
-      st->end = e;
-      if (a.mode == TopKSampleMode::kMsTopK) {
-        kind = kMsTopKKind;
-        plan = MsTopKPlan(e, 0, 0, g.n, g.k, g.seed);  // thresholds only
-      } else if (e.has_lo) {
-        kind = kThresholdKind;
-        plan = ThresholdPlan(e, 0);
+      s_sum[tid] = sum;
+      s_max[tid] = mx;
+      s_fin[tid] = fin;
+      __syncthreads();
+      for (int half = kThreads / 2; half > 0; half /= 2) {
+        if (tid < half) {
+          s_sum[tid] += s_sum[tid + half];
+          s_max[tid] = fmaxf(s_max[tid], s_max[tid + half]);
+          s_fin[tid] += s_fin[tid + half];
+        }
+        __syncthreads();
       }
     }
-    if (kind == kExactKind) {
-      plan = ExactPlan(r.prefix[ranks.k], r.greater[ranks.k], g.k);
+    if (tid == 0) {
+      DeviceState* st = &states[s];
+      const RadixState& r = st->radix;
+      const Ranks& ranks = g.ranks;
+      int kind = kExactKind;
+      SelectionPlan plan;
+      if (a.mode != TopKSampleMode::kTrimmed) {
+        const float mean = Mean(s_sum[0], static_cast<int64_t>(s_fin[0]));
+        const BisectionEnd e =
+            BisectByOrder(a.mode, mean, Diff(s_max[0], mean), a.rounds,
+                          RankKey(r, ranks.k1), RankKey(r, ranks.k2));
+        st->end = e;
+        if (a.mode == TopKSampleMode::kMsTopK) {
+          kind = kMsTopKKind;
+          plan = MsTopKPlan(e, 0, 0, g.n, g.k, g.seed);  // thresholds only
+        } else if (e.has_lo) {
+          kind = kThresholdKind;
+          plan = ThresholdPlan(e, 0);
+        }
+      }
+      if (kind == kExactKind) {
+        plan = ExactPlan(r.prefix[ranks.k], r.greater[ranks.k], g.k);
+      }
+      st->kind = kind;
+      st->plan = plan;
     }
-    st->kind = kind;
-    st->plan = plan;
+    __syncthreads();  // s_* are reused by the block's next segment
   }
 }
 
@@ -864,9 +889,8 @@ int Plan(const T* x, const HostSegments& h, const Layout& l,
                    states, hist[p]);
     }
   }
-  const int plan_threads = std::min(segs.count, kThreads);
-  LaunchKernel(PlanKernel, StrideGridFor(segs.count, plan_threads),
-               plan_threads, 0, s, args, segs, sums, maxs, fins, states);
+  LaunchKernel(PlanKernel, seg_grid, kThreads, 0, s, args, segs, sums, maxs,
+               fins, states);
   LaunchKernel(TileCountKernel<T>, GridFor(h.tiles), kThreads, 0, s, x, segs,
                cstates, counts, chunk_totals);
   LaunchKernel(FinalizeKernel, seg_grid, kThreads, 0, s, segs, chunk_totals,
