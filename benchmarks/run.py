@@ -211,8 +211,11 @@ PRESETS = {
         "rate": "100mbit,1gbit,10gbit",
         "model": "standin-compute",
         "compressors": PLANNER_CANDIDATES,
-        "steps": 6,
-        # (`auto` warms up until its trials have chosen.)
+        # Each case's steps in turn with the others' (the machine's pace
+        # drifts over minutes); `auto` warms up until its trials have
+        # chosen.
+        "steps": 10,
+        "interleave": True,
         "warmup": 3,
         "timeout": 5400,
         "bytes_per_pack": 25 * 2**20,
@@ -223,7 +226,8 @@ PRESETS = {
         "rate": "100mbit,1gbit,10gbit",
         "model": "lstm-medium",
         "compressors": PLANNER_CANDIDATES,
-        "steps": 6,
+        "steps": 10,
+        "interleave": True,
         "warmup": 3,
         "timeout": 5400,
         "bytes_per_pack": 25 * 2**20,
