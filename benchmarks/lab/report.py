@@ -250,6 +250,14 @@ def plan_lines(rows: list[dict]) -> list[str]:
                 f"{_ms(sum(found['busy']))} ms measured, "
                 f"{_ms(sum(found['predicted_busy']))} ms predicted."
             )
+        if found and found.get("trials"):
+            medians = "; ".join(
+                f"{_ms(float(np.median(spans)))}" for spans in found["trials"]
+            )
+            lines.append(
+                f"The trials' spans on worker 0, each plan's median in the "
+                f"order tried: {medians} ms."
+            )
         if fixed:
             best = min(fixed)
             lines.append(

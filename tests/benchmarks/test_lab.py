@@ -422,6 +422,7 @@ def test_plan_lines_set_auto_beside_fixed_cases_and_its_twin():
             "predicted_exposed": 0.1,
             "busy": [0.3],
             "predicted_busy": [0.25],
+            "trials": [[0.3, 0.1, 0.2], [0.25, 0.5, 0.4]],
         },
     }
     text = "\n".join(
@@ -439,6 +440,8 @@ def test_plan_lines_set_auto_beside_fixed_cases_and_its_twin():
     assert "880.0 ms, auto 1.25x that" in text
     # Predicted: the measured 1.1 s less 0.2 exposed plus 0.1 predicted.
     assert "1,000.0 ms, measured here 1,100.0 ms (-9 %)" in text
+    # Each plan tried: the median of its trial spans.
+    assert "in the order tried: 200.0; 400.0 ms." in text
 
 
 def test_each_strategys_options_get_their_own_workers(monkeypatch, tmp_path):

@@ -270,6 +270,12 @@ def test_trials_take_turns_and_keep_the_shortest_median_span():
     assert seen[: plan_clock.SETTLE] == [a] * plan_clock.SETTLE
     assert seen[plan_clock.SETTLE :] == [b, c, c, b, a, a, b, c, b]
     np.testing.assert_allclose(planner.spans.numpy(), spans)
+    # Each contender's spans, its rounds in order (the reversed round
+    # mapped back).
+    np.testing.assert_allclose(
+        replan.trial_spans(planner),
+        [[1.0, 1.0, 1.0], [0.5, 5.0, 0.5], [0.8, 0.8, 0.8]],
+    )
     # The winner holds from the step `trial_exchanges` counts (measured
     # plans only), as the lab's warm-up assumes.
     measured = plan._replace(collectives=bucket_costs.FREE)

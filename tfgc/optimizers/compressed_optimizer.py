@@ -398,16 +398,20 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
     def plan_report(self):
         """With a measured `plan`: its predicted exchange against the
         measured one, means over the steps so far (`PlanReport`: `text()`,
-        `error`); None before any step was counted or without such a
-        plan. Call outside `tf.function`."""
+        `error`; with trials, each contender's spans in `trials`); None
+        before any step was counted or without such a plan. Call outside
+        `tf.function`."""
         timing = getattr(self, "_timing", None)
         if timing is None:
             return None
-        return plan_clock.report(
+        found = plan_clock.report(
             [v.numpy() for v in timing.clock.sums()],
             timing.predicted().numpy().tolist(),
             timing.predicted_compute().numpy().tolist(),
         )
+        if found is None or timing.replanner is None:
+            return found
+        return found._replace(trials=replan.trial_spans(timing.replanner))
 
     @property
     def plan(self):

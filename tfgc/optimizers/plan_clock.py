@@ -151,6 +151,8 @@ class PlanReport(NamedTuple):
         predicted_busy: per bucket, its predicted exchange.
         exposed: the measured exchange after the last gradient.
         predicted_exposed: the predicted one.
+        trials: with trials, this worker's span of each contender's
+            trial steps, [contenders][rounds] (`replan.trial_spans`).
     """
 
     exchanges: int
@@ -160,6 +162,7 @@ class PlanReport(NamedTuple):
     predicted_busy: tuple[float, ...]
     exposed: float
     predicted_exposed: float
+    trials: tuple[tuple[float, ...], ...] = ()
 
     @property
     def error(self) -> float:

@@ -176,6 +176,19 @@ def _turn(slot, count: int):
     return tf.where((slot // count) % 2 == 0, position, count - 1 - position)
 
 
+def trial_spans(planner: Replanner) -> tuple[tuple[float, ...], ...]:
+    """This worker's spans (seconds) of each contender's trial steps,
+    [contenders][rounds], in `contenders` order (zeros for steps not yet
+    run); () without trials. The trials keep the shortest median of
+    these averaged over the workers. Call outside `tf.function`."""
+    count = len(planner.contenders)
+    if count < 2:
+        return ()
+    rounds = planner.spans.numpy().reshape(planner.window, count)
+    rounds[1::2] = rounds[1::2, ::-1]  # odd rounds ran in reverse
+    return tuple(tuple(float(v) for v in row) for row in rounds.T)
+
+
 def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
     """In the trials, counted step c ran contender `_turn(c - 1)`: its
     span is kept, and the next contender takes over; after the last
