@@ -181,12 +181,18 @@ def trial_spans(planner: Replanner) -> tuple[tuple[float, ...], ...]:
     [contenders][rounds], in `contenders` order (zeros for steps not yet
     run); () without trials. The trials keep the shortest median of
     these averaged over the workers. Call outside `tf.function`."""
-    count = len(planner.contenders)
-    if count < 2:
+    if len(planner.contenders) < 2:
         return ()
-    rounds = planner.spans.numpy().reshape(planner.window, count)
-    rounds[1::2] = rounds[1::2, ::-1]  # odd rounds ran in reverse
+    rounds = _by_contender(planner.spans, planner.window).numpy()
     return tuple(tuple(float(v) for v in row) for row in rounds.T)
+
+
+def _by_contender(spans, window: int) -> tf.Tensor:
+    """The trial steps' `spans` [window * contenders] as [window,
+    contenders], a column per contender (odd rounds ran in reverse)."""
+    rounds = tf.reshape(spans, [window, -1])
+    even = tf.range(window) % 2 == 0
+    return tf.where(even[:, None], rounds, rounds[:, ::-1])
 
 
 def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
@@ -206,10 +212,7 @@ def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
             timing.choices.assign(tf.gather(plans, _turn(step, count)))
 
         def settle():
-            rounds = tf.reshape(_agreed(spans, group), [window, count])
-            # Odd rounds ran in reverse: a column per contender.
-            even = tf.range(window) % 2 == 0
-            rounds = tf.where(even[:, None], rounds, rounds[:, ::-1])
+            rounds = _by_contender(_agreed(spans, group), window)
             ordered = tf.sort(rounds, axis=0)
             median = (ordered[(window - 1) // 2] + ordered[window // 2]) / 2
             best = tf.argmin(median, output_type=tf.int32)
