@@ -82,3 +82,13 @@ def fit(strategy, make_optimizer, x, y, batch=GLOBAL_BATCH, policy=None):
     return fit_small_model(
         strategy, make_optimizer, x, y, policy=policy, batch_size=batch
     )
+
+
+def dense_stack(width: int, layers: int, classes: int = 10):
+    """`layers` hidden Dense layers of `width` (ReLU) and a `classes`-way
+    output, each kernel a tensor of its own for the bucket tests."""
+    return keras.Sequential(
+        [keras.Input((width,))]
+        + [keras.layers.Dense(width, activation="relu") for _ in range(layers)]
+        + [keras.layers.Dense(classes)]
+    )

@@ -3,9 +3,9 @@
 Trains a stack of Dense layers under MultiWorkerMirroredStrategy with
 `CompressedOptimizer(Identity)` in each of the test's RUNS (small buckets,
 small buckets under the non-finite guard, one fused exchange), profiles
-one training step of each, and on the
-chief writes to `<out>/overlap.json`, per run, when the step's last
-gradient op ended, when the first bucket's first collective started, when
+PROFILED_STEPS training steps of each, and on the chief writes to
+`<out>/overlap.json`, per run and step, when the step's last gradient op
+ended, when the first bucket's first collective started, when
 the last collective started and ended, and when the first variable
 update started
 (picoseconds on the profiler's clock).
@@ -23,7 +23,13 @@ import tensorflow as tf
 from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 import tfgc
-from tests.multiworker.test_overlap import LAYERS, LOCAL_BATCH, RUNS
+from tests import keras_models
+from tests.multiworker.test_overlap import (
+    LAYERS,
+    LOCAL_BATCH,
+    PROFILED_STEPS,
+    RUNS,
+)
 
 WIDTH = 512
 # A weight update: the fused op of a bucket, or Keras's own SGD step
@@ -54,17 +60,12 @@ def events(logdir: str):
                 )
 
 
-def profiled_step(strategy, bucket_bytes, non_finite, logdir: str) -> dict:
+def profiled_steps(
+    strategy, bucket_bytes, non_finite, logdir: str
+) -> list[dict]:
     with strategy.scope():
         keras.utils.set_random_seed(0)
-        model = keras.Sequential(
-            [keras.Input((WIDTH,))]
-            + [
-                keras.layers.Dense(WIDTH, activation="relu")
-                for _ in range(LAYERS)
-            ]
-            + [keras.layers.Dense(10)]
-        )
+        model = keras_models.dense_stack(WIDTH, LAYERS)
         optimizer = tfgc.CompressedOptimizer(
             keras.optimizers.SGD(0.01),
             "identity",
@@ -83,10 +84,18 @@ def profiled_step(strategy, bucket_bytes, non_finite, logdir: str) -> dict:
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
     data = data.repeat()
     model.fit(data, steps_per_epoch=2, epochs=1, verbose=0)  # traced, warm
-    tf.profiler.experimental.start(logdir)
-    model.fit(data, steps_per_epoch=1, epochs=1, verbose=0)
-    tf.profiler.experimental.stop()
-    profile = list(events(logdir))
+    steps = []
+    for number in range(PROFILED_STEPS):
+        step_dir = os.path.join(logdir, str(number))
+        tf.profiler.experimental.start(step_dir)
+        model.fit(data, steps_per_epoch=1, epochs=1, verbose=0)
+        tf.profiler.experimental.stop()
+        steps.append(timeline(list(events(step_dir))))
+    return steps
+
+
+def timeline(profile) -> dict:
+    """When one profiled step's gradients, collectives and updates ran."""
     gradients = [e for e in profile if "gradient_tape/" in e[0]]
     collectives = [
         e for e in profile if "tfgc_bucket_" in e[0] and ":Collective" in e[0]
@@ -113,7 +122,7 @@ def main():
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     task = strategy.cluster_resolver.task_id
     results = {
-        f"{bucket_bytes} {non_finite}": profiled_step(
+        f"{bucket_bytes} {non_finite}": profiled_steps(
             strategy,
             bucket_bytes,
             non_finite,

@@ -1,10 +1,15 @@
 """The exchange overlaps the backward pass, and the updates overlap the
-exchange: on 2 real workers, a profiled training step shows the first
+exchange: on 2 real workers, profiled training steps show the first
 bucket's collective starting before the backward pass's last gradient op
 ends, and the first variable's update before the last bucket's collective
 ends; with one fused exchange (`bucket_bytes=None`) the collective only
-after the backward pass and the update only after the collective started
-(ordering, not timing)."""
+after the backward pass and the update only after the collective started.
+
+The dataflow allows the overlap (tests/optimizers/test_buckets.py shows
+it in the graph); whether the executor takes it in a given step is its
+scheduling: on a busy two-core machine it once ran every gradient op
+before the waiting collective. So the overlap must show in one of
+PROFILED_STEPS steps, and its absence in one exchange in every step."""
 
 import json
 
@@ -20,6 +25,7 @@ NUM_WORKERS = 2
 LAYERS = 6
 LOCAL_BATCH = 256
 BUCKET_BYTES = 512 * 1024
+PROFILED_STEPS = 3
 # (bucket_bytes, non_finite) of each profiled run.
 RUNS = (
     (BUCKET_BYTES, "propagate"),
@@ -44,15 +50,22 @@ def test_buckets_start_communicating_during_the_backward_pass(
 ):
     """Under the non-finite guard too: its verdicts travel with the
     buckets."""
-    run = profiles[f"{BUCKET_BYTES} {non_finite}"]
-    assert run["gradient_ops"] > 0 and run["first_bucket_collectives"] > 0
-    assert run["first_collective_start"] < run["last_gradient_end"], run
+    steps = profiles[f"{BUCKET_BYTES} {non_finite}"]
+    assert len(steps) == PROFILED_STEPS
+    for step in steps:
+        assert step["gradient_ops"] > 0, step
+        assert step["first_bucket_collectives"] > 0, step
+    assert any(
+        s["first_collective_start"] < s["last_gradient_end"] for s in steps
+    ), steps
 
 
 def test_a_buckets_update_runs_while_later_buckets_communicate(profiles):
-    run = profiles[f"{BUCKET_BYTES} propagate"]
-    assert run["update_ops"] > 0
-    assert run["first_update_start"] < run["last_collective_end"], run
+    steps = profiles[f"{BUCKET_BYTES} propagate"]
+    assert all(step["update_ops"] > 0 for step in steps), steps
+    assert any(
+        s["first_update_start"] < s["last_collective_end"] for s in steps
+    ), steps
 
 
 def test_one_fused_exchange_waits_for_every_gradient(profiles):
@@ -60,8 +73,10 @@ def test_one_fused_exchange_waits_for_every_gradient(profiles):
     collective has started; not necessarily after its profiled span ends,
     which includes handing its outputs on (the executor may start the
     update from the collective's completion callback)."""
-    run = profiles["None propagate"]
-    assert run["gradient_ops"] > 0 and run["first_bucket_collectives"] > 0
-    assert run["first_collective_start"] >= run["last_gradient_end"], run
-    assert run["first_update_start"] >= run["last_collective_start"], run
-    assert run["first_update_start"] >= run["last_gradient_end"], run
+    steps = profiles["None propagate"]
+    assert len(steps) == PROFILED_STEPS
+    for run in steps:
+        assert run["gradient_ops"] > 0 and run["first_bucket_collectives"] > 0
+        assert run["first_collective_start"] >= run["last_gradient_end"], run
+        assert run["first_update_start"] >= run["last_collective_start"], run
+        assert run["first_update_start"] >= run["last_gradient_end"], run

@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 
 import tfgc
+from tests import keras_models
 from tfgc import compressors
 from tfgc.communicators import exchange
 from tfgc.optimizers import step
@@ -210,3 +211,80 @@ def test_non_finite_agreement_travels_with_the_buckets(mirrored, monkeypatch):
             600,
             non_finite="skip",
         )
+
+
+def _ancestors(op) -> set:
+    """Every op that `op` reads, directly or not (data and control)."""
+    seen, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        for parent in [t.op for t in current.inputs] + current.control_inputs:
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return seen
+
+
+@pytest.mark.parametrize("non_finite", ["propagate", "skip"])
+@pytest.mark.parametrize("bucket_bytes", [64 * 64 * 2, None])
+def test_the_first_bucket_reads_only_the_last_layers_gradients(
+    mirrored, bucket_bytes, non_finite
+):
+    """What lets the executor start the exchange during the backward pass,
+    as dataflow (the timing on two workers is in
+    tests/multiworker/test_overlap.py): in buckets, the first bucket's
+    collectives (its verdicts' gather too, under the guard) read only the
+    last layer's gradient ops; in one exchange, every one of them."""
+    width = 64
+    with mirrored.scope():
+        model = keras_models.dense_stack(width, 4)
+        optimizer = tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.01),
+            "identity",
+            bucket_bytes=bucket_bytes,
+            non_finite=non_finite,
+        )
+        optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def train_step(x, y):
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = keras.losses.sparse_categorical_crossentropy(
+                    y, model(x), from_logits=True
+                )
+                loss = tf.reduce_mean(loss)
+            variables = model.trainable_variables
+            grads = tape.gradient(loss, variables)
+            optimizer.apply_gradients(zip(grads, variables))
+
+        mirrored.run(replica_step, (x, y))
+
+    graph = train_step.get_concrete_function(
+        tf.TensorSpec([8, width]), tf.TensorSpec([8], tf.int32)
+    ).graph
+    ops = graph.get_operations()
+    first = [
+        op
+        for op in ops
+        if op.type.startswith("Collective") and "tfgc_bucket_0/" in op.name
+    ]
+    expected = 2 if non_finite == "skip" else 1
+    assert len(first) == expected * mirrored.num_replicas_in_sync
+    for collective in first:
+        # This replica's matmuls of the backward pass: each layer's kernel
+        # gradient and, but for the first layer, its input's.
+        matmuls = {
+            op
+            for op in ops
+            if "gradient_tape/" in op.name
+            and op.type == "MatMul"
+            and op.device == collective.device
+        }
+        assert len(matmuls) == 9
+        read = matmuls & _ancestors(collective)
+        if bucket_bytes is None:
+            assert read == matmuls, collective.name
+        else:
+            # The last layer's kernel gradient and the gradient into it.
+            assert len(read) == 2, (collective.name, sorted(read))
