@@ -362,10 +362,7 @@ class RedSync(base.DensityCompressor):
             seed=_sparse.selection_seed(key),
             residual=tf.cast(state.accumulation, x.dtype),
         )
-        flat_u = tf.reshape(u, [-1])
-        u = tf.tensor_scatter_nd_update(
-            flat_u, indices[:, None], tf.zeros(tf.shape(indices), flat_u.dtype)
-        )
+        u = ops.zero_at(tf.reshape(u, [-1]), indices)
         new_state = RedSyncState(tf.reshape(u, x.shape), accumulation)
         payload = SparsePayload(values, indices)
         return payload, TensorContext(x.shape, x.dtype, new_state)

@@ -117,19 +117,13 @@ class SBC(base.DensityCompressor):
 
     def compress_with_residual(self, x, residual, state, key):
         # Only the k sent positions change: acc minus the value sent there
-        # (0 where that value is not finite), written over acc in place
+        # (0 where that value is not finite), written into acc's own buffer
         # where the generic path scatters the local estimate over a dense
         # tensor of zeros, subtracts it everywhere and tests every entry.
         acc = x + residual
         payload, ctx = self.compress(acc, state, key)
-        flat = tf.reshape(acc, [-1])
-        kept = tf.where(
-            tf.math.is_finite(ctx.values),
-            tf.gather(flat, ctx.indices) - ctx.values,
-            tf.zeros_like(ctx.values),
-        )
-        new_residual = tf.tensor_scatter_nd_update(
-            flat, ctx.indices[:, None], kept
+        new_residual = ops.subtract_at(
+            tf.reshape(acc, [-1]), ctx.indices, ctx.values
         )
         return payload, ctx, tf.reshape(new_residual, x.shape)
 

@@ -31,6 +31,7 @@ from tfgc.ops.golomb import (
 from tfgc.ops.golomb import max_encoded_bytes as golomb_max_encoded_bytes
 from tfgc.ops.scatter import scatter_add_sum
 from tfgc.ops.shuffle import index_shuffle
+from tfgc.ops.sparse_write import subtract_at, zero_at
 from tfgc.ops.top_k_sample import (
     TwoSidedSelection,
     ratio_scores,
@@ -60,6 +61,7 @@ __all__ = [
     "SegmentSelectionWithResidual",
     "scatter_add_sum",
     "selects_segments_on_gpu",
+    "subtract_at",
     "top_k_abs",
     "top_k_ratio",
     "top_k_sample",
@@ -70,4 +72,5 @@ __all__ = [
     "unpack_bits_sum",
     "unpack_bits_vote",
     "using_custom_ops",
+    "zero_at",
 ]
