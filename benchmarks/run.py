@@ -258,6 +258,12 @@ PRESETS = {
         "per_tensor": True,
     },
 }
+# The overlap comparison on 4 hosts: two workers share each core of a
+# 2-core machine (the floor doubles); the cases take turns step by step.
+PRESETS["overlap-4hosts"] = dict(
+    PRESETS["overlap"], hosts=4, interleave=True, timeout=5400
+)
+
 DEFAULTS = {
     "hosts": 2,
     "workers_per_host": 1,
@@ -617,7 +623,8 @@ def _parser() -> argparse.ArgumentParser:
         "1 and 10 Gbit/s and the fit; fusion: fused vs one collective per "
         "tensor; hitopk: MSTopK flat vs hierarchical, 2 hosts x 2 workers; "
         "overlap, overlap-lstm, overlap-resnet50: tfgc's buckets vs one "
-        "exchange vs MWMS's bytes_per_pack, 2 hosts; planner, "
+        "exchange vs MWMS's bytes_per_pack, 2 hosts (overlap-4hosts: 4); "
+        "planner, "
         'planner-lstm, planner-resnet50: compressor="auto" vs its '
         "candidates and the tuned dense cases, 2 hosts, 100 Mbit/s to "
         "10 Gbit/s; "
