@@ -5,9 +5,8 @@ Trains a stack of Dense layers under MultiWorkerMirroredStrategy with
 small buckets under the non-finite guard, one fused exchange), profiles
 PROFILED_STEPS training steps of each, and on the chief writes to
 `<out>/overlap.json`, per run and step, when the step's last gradient op
-ended, when the first bucket's first collective started, when
-the last collective started and ended, and when the first variable
-update started
+ended, when the first bucket's first collective started, when the last
+collective started and ended, and when the first variable update started
 (picoseconds on the profiler's clock).
 """
 
