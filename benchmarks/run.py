@@ -262,7 +262,7 @@ PRESETS = {
     },
 }
 # The overlap comparison on 4 hosts: two workers share each core of a
-# 2-core machine (the floor doubles); the cases take turns step by step.
+# 2-core machine; the cases take turns step by step.
 PRESETS["overlap-4hosts"] = dict(
     PRESETS["overlap"], hosts=4, interleave=True, timeout=5400
 )

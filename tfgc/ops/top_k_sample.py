@@ -17,6 +17,7 @@ from typing import NamedTuple
 import tensorflow as tf
 
 from tfgc.ops import _checks, _library
+from tfgc.ops.sparse_write import zero_at
 from tfgc.ops.top_k_sample_reference import (
     _FLOAT_DTYPES,
     MODES,
@@ -126,9 +127,7 @@ def top_k_abs(
             return top_k_sample(x, k, mode="trimmed", residual=residual)
         acc = tf.reshape(x + residual, [-1])
         values, indices = top_k_abs(acc, k)
-        new_residual = tf.tensor_scatter_nd_update(
-            acc, indices[:, None], tf.zeros_like(values)
-        )
+        new_residual = zero_at(acc, indices)
         return values, indices, tf.reshape(new_residual, tf.shape(x))
     flat = tf.reshape(x, [-1])
     if compiled:
@@ -223,9 +222,7 @@ def top_k_ratio(
     _, indices = top_k_abs(scores, k)
     indices = tf.sort(indices)
     values = tf.gather(acc, indices)
-    new_residual = tf.tensor_scatter_nd_update(
-        acc, indices[:, None], tf.zeros_like(values)
-    )
+    new_residual = zero_at(acc, indices)
     return values, indices, tf.reshape(new_residual, tf.shape(x))
 
 
