@@ -103,3 +103,58 @@ def test_communication_options_round_trip():
     assert restored.options.implementation.name == "RING"
     with pytest.raises(TypeError, match="CommunicationOptions"):
         communicators.Auto(options={"bytes_per_pack": 1})
+
+
+def _ancestors(op) -> set:
+    """Every op that `op` waits for, through inputs and control inputs."""
+    seen, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        for parent in [t.op for t in current.inputs] + list(
+            current.control_inputs
+        ):
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return seen
+
+
+def test_a_broadcast_runs_in_program_order_with_the_other_collectives(
+    mirrored,
+):
+    """Every collective of a replica runs in the order the program issued
+    it (on GPUs NCCL hangs when two workers launch two collectives in
+    different orders); a broadcast, whose root is known only at run time,
+    is a `tf.cond` between sending and receiving, and that cond must be
+    ordered with the collectives before and after it."""
+
+    @tf.function
+    def run():
+        def replica_fn():
+            group = communicators.Auto().group()
+            first = group.all_reduce(tf.ones([4]))
+            sent = group.broadcast(tf.ones([2]), tf.constant(0))
+            again = group.broadcast(tf.ones([3]), tf.constant(1))
+            last = group.all_reduce(tf.ones([5]))
+            return first, sent, again, last
+
+        return mirrored.run(replica_fn)
+
+    graph = run.get_concrete_function().graph
+    device = "CPU:0"
+    reduces = [
+        op
+        for op in graph.get_operations()
+        if op.type == "CollectiveReduceV2" and op.device.endswith(device)
+    ]
+    conds = [
+        op
+        for op in graph.get_operations()
+        if op.type in ("If", "StatelessIf") and op.device.endswith(device)
+    ]
+    assert len(reduces) == 2 and len(conds) == 2, (reduces, conds)
+    first, last = sorted(reduces, key=lambda op: op.inputs[0].shape[0])
+    sent, again = sorted(conds, key=lambda op: op.outputs[0].shape[0])
+    assert first in _ancestors(sent)
+    assert sent in _ancestors(again)
+    assert again in _ancestors(last)

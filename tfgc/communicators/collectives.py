@@ -250,7 +250,19 @@ class Group:
             return buffer
         self._refuse_xla("CollectiveBcastSendV2")
         common = self._common(self._instance_keys(self.size) + root)
-        del common["ordering_token"]  # the broadcast ops take none
+        # The broadcast ops take no ordering token, so the cond between
+        # them uses it: TensorFlow then orders the cond, as the token's
+        # user, in program order with the other collectives (NCCL hangs
+        # when workers launch collectives in different orders).
+        (token,) = common.pop("ordering_token")
+
+        def ordered(collective):
+            def branch():
+                in_order = tf.raw_ops.VarIsInitializedOp(resource=token)
+                with tf.control_dependencies([in_order]):
+                    return collective()
+
+            return branch
 
         def send():
             return tf.raw_ops.CollectiveBcastSendV2(input=buffer, **common)
@@ -261,7 +273,9 @@ class Group:
             )
 
         with tf.device(self.device):
-            return tf.cond(tf.equal(root, self.rank), send, receive)
+            return tf.cond(
+                tf.equal(root, self.rank), ordered(send), ordered(receive)
+            )
 
     def all_gather_unequal(
         self, buffer: tf.Tensor
