@@ -12,9 +12,8 @@ whole training set and the loss and accuracy on the test set. Prints one
         'redsync:{"warmup_steps": 23}' 'redsync:{"density_warmup_steps": 94}'
 
 A run is NAME[:JSON keyword arguments of the compressor]; NAME is dense,
-mstopk, redsync or nomask (RedSync with momentum factor masking off, an
-experiment that is not an option of RedSync). `DENSITY` and `STEPS` in
-the environment change 0.001 and 200.
+mstopk, redsync or nomask (RedSync with `momentum_masking=False`).
+`DENSITY` and `STEPS` in the environment change 0.001 and 200.
 """
 
 from __future__ import annotations
@@ -32,39 +31,9 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tfgc  # noqa: E402
-from tfgc import ops  # noqa: E402
-from tfgc.compressors import _sparse  # noqa: E402
-from tfgc.compressors.redsync import (  # noqa: E402
-    RedSyncState,
-    _clipped,
-    _momentum_step,
-)
-from tfgc.compressors.topk import SparsePayload  # noqa: E402
-from tfgc.core.compressor import TensorContext  # noqa: E402
 
 DENSITY = float(os.environ.get("DENSITY", "0.001"))
 STEPS = int(os.environ.get("STEPS", "200"))
-
-
-class NoMask(tfgc.compressors.RedSync):
-    """The experiment: RedSync keeping U where it sends (no momentum
-    factor masking)."""
-
-    def compress(self, x, state, key, info=None):
-        g = _clipped("RedSync", self.clipnorm, x, info)
-        u = _momentum_step(self.momentum, state.momentum, g)
-        values, indices, acc = ops.top_k_sample(
-            u,
-            self._k(x.shape, key),
-            mode=self.selection,
-            rounds=self.bisection_rounds,
-            seed=_sparse.selection_seed(key),
-            residual=tf.cast(state.accumulation, x.dtype),
-        )
-        state = RedSyncState(u, acc)
-        return SparsePayload(values, indices), TensorContext(
-            x.shape, x.dtype, state
-        )
 
 
 def make(name: str, kwargs: dict):
@@ -74,8 +43,12 @@ def make(name: str, kwargs: dict):
         return compressors.Identity(), 0.9
     if name == "mstopk":
         return compressors.MSTopK(DENSITY), 0.9
-    redsync = {"redsync": compressors.RedSync, "nomask": NoMask}[name]
-    return redsync(DENSITY, momentum=0.9, cost_model=None, **kwargs), 0.0
+    if name == "nomask":
+        kwargs = {**kwargs, "momentum_masking": False}
+    redsync = compressors.RedSync(
+        DENSITY, momentum=0.9, cost_model=None, **kwargs
+    )
+    return redsync, 0.0
 
 
 def run(task, strategy, name: str, kwargs: dict, seed: int):

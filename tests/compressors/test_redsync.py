@@ -64,6 +64,38 @@ def test_redsync_momentum_correction_by_hand():
     )
 
 
+def test_redsync_without_momentum_masking_keeps_u_where_it_sends():
+    """The step of the test above with `momentum_masking=False`: V is
+    still emptied where it is sent, U keeps its momentum there."""
+    c = compressors.RedSync(
+        density=0.25,
+        momentum=0.5,
+        selection="trimmed",
+        cost_model=None,
+        momentum_masking=False,
+    )
+    state = c.init_state((8,), tf.float32, shared_key(0, -1))
+    g1 = np.float32([4, -3, 0.5, 0.1, -0.2, 2, 0, 1])
+    total, state, _ = _redsync_step(c, g1, state)
+    np.testing.assert_array_equal(total.numpy(), [4, -3, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(state.momentum.numpy(), g1)
+    kept = np.float32([0, 0, 0.5, 0.1, -0.2, 2, 0, 1])
+    np.testing.assert_array_equal(state.accumulation.numpy(), kept)
+    g2 = np.float32([1, 0, 0, 0, 0, 0.5, 0, 0.2])
+    total, state, _ = _redsync_step(c, g2, state, step=1)
+    u = 0.5 * g1 + g2  # [3,-1.5,.25,.05,-.1,1.5,0,.7]
+    v = kept + u  # [3,-1.5,.75,.15,-.3,3.5,0,1.7]
+    np.testing.assert_allclose(
+        total.numpy(), [3, 0, 0, 0, 0, 3.5, 0, 0], rtol=1e-6
+    )
+    np.testing.assert_allclose(state.momentum.numpy(), u, rtol=1e-6)
+    sent = np.zeros(8, bool)
+    sent[[0, 5]] = True
+    np.testing.assert_allclose(
+        state.accumulation.numpy(), np.where(sent, 0, v), rtol=1e-6
+    )
+
+
 def test_redsync_threshold_sends_between_k_and_2k():
     c = compressors.RedSync(density=0.01, cost_model=None)
     x = heavy_tailed((20000,), seed=4)
@@ -193,6 +225,8 @@ def test_cost_model_decides_from_the_network_and_the_peers():
         ({"clipnorm": float("inf")}, "clipnorm=inf"),
         ({"clipnorm": "5"}, "clipnorm='5'"),
         ({"clipnorm": True}, "clipnorm=True"),
+        ({"momentum_masking": 1}, "momentum_masking=1"),
+        ({"momentum_masking": None}, "`momentum_masking`"),
     ],
 )
 def test_redsync_bad_arguments(kwargs, match):
@@ -224,6 +258,7 @@ def test_redsync_config_round_trip_keeps_cost_model():
         cost_model=compressors.CostModel(latency=2e-3, bandwidth=1e9),
         density_warmup_steps=40,
         clipnorm=2.5,
+        momentum_masking=False,
     )
     restored = keras.saving.deserialize_keras_object(
         keras.saving.serialize_keras_object(c)
@@ -231,14 +266,16 @@ def test_redsync_config_round_trip_keeps_cost_model():
     assert restored == c
     assert restored.cost_model == c.cost_model
     assert restored.density_warmup_steps == 40 and restored.clipnorm == 2.5
-    assert restored != compressors.RedSync(
-        **{**c.get_config(), "clipnorm": None}
-    )
-    # A config saved before these arguments existed: DGC's fixes off.
-    new = ("density_warmup_steps", "clipnorm")
+    assert restored.momentum_masking is False
+    for changed in ({"clipnorm": None}, {"momentum_masking": True}):
+        assert restored != compressors.RedSync(**{**c.get_config(), **changed})
+    # A config saved before these arguments existed: DGC's fixes off,
+    # its masking on.
+    new = ("density_warmup_steps", "clipnorm", "momentum_masking")
     old = {k: v for k, v in c.get_config().items() if k not in new}
     older = compressors.RedSync.from_config(old)
     assert older.density_warmup_steps == 0 and older.clipnorm is None
+    assert older.momentum_masking is True
 
 
 @pytest.mark.parametrize(

@@ -124,6 +124,9 @@ class RedSync(base.DensityCompressor):
         U = m U + g;  V = V + U;  select from V;
         send V at the selected entries;  zero V and U there.
 
+    Zeroing U where V is sent is DGC's momentum factor masking
+    (`momentum_masking`, on as in DGC).
+
     The optimizer sums what every worker sent and applies it with plain
     SGD: momentum is applied here, locally, so the inner optimizer must be
     `keras.optimizers.SGD(learning_rate)` without momentum (the optimizer
@@ -191,6 +194,11 @@ class RedSync(base.DensityCompressor):
         clipnorm: the threshold of the gradient clipping this replaces
             (the inner optimizer's `global_clipnorm`); each worker clips
             each gradient tensor to clipnorm / sqrt(N). None: no clipping.
+        momentum_masking: zero U where V is sent (DGC's momentum factor
+            masking). Off, U keeps its momentum there: a tensor sent whole
+            every step is then momentum SGD, where masking leaves plain
+            SGD; on short runs at high momentum it converges closer to
+            dense (docs/algorithms.md, "RedSync", has the measurement).
     """
 
     def __init__(
@@ -203,6 +211,7 @@ class RedSync(base.DensityCompressor):
         cost_model: str | CostModel | dict | None = PROBE,
         density_warmup_steps: int = 0,
         clipnorm: float | None = None,
+        momentum_masking: bool = True,
     ):
         super().__init__(density)
         m = _arguments.check_number("momentum", momentum, "a number in [0, 1)")
@@ -228,6 +237,9 @@ class RedSync(base.DensityCompressor):
             "density_warmup_steps", density_warmup_steps
         )
         self.clipnorm = _check_clipnorm(clipnorm)
+        self.momentum_masking = _arguments.check_bool(
+            "momentum_masking", momentum_masking
+        )
         if isinstance(cost_model, dict):
             cost_model = CostModel(**cost_model)
         if not (
@@ -362,8 +374,9 @@ class RedSync(base.DensityCompressor):
             seed=_sparse.selection_seed(key),
             residual=tf.cast(state.accumulation, x.dtype),
         )
-        u = ops.zero_at(tf.reshape(u, [-1]), indices)
-        new_state = RedSyncState(tf.reshape(u, x.shape), accumulation)
+        if self.momentum_masking:
+            u = tf.reshape(ops.zero_at(tf.reshape(u, [-1]), indices), x.shape)
+        new_state = RedSyncState(u, accumulation)
         payload = SparsePayload(values, indices)
         return payload, TensorContext(x.shape, x.dtype, new_state)
 
@@ -396,6 +409,7 @@ class RedSync(base.DensityCompressor):
             else cost,
             "density_warmup_steps": self.density_warmup_steps,
             "clipnorm": self.clipnorm,
+            "momentum_masking": self.momentum_masking,
         }
 
 
