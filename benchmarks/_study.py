@@ -19,8 +19,9 @@ worker its own part of each global batch:
   batch 20, SGD 1, clip-norm 5, 100 steps); test perplexity on 400
   windows of ptb.test.txt.
 
-A task is made from an argparse namespace (`steps`, `batch`, `momentum`,
-`dim`, `init`, `holdout`; 0 or missing: the defaults above).
+A task is made from an argparse namespace: `steps` and `batch` (0: the
+defaults above), `momentum`, `dim`, `init` (the bigram's uniform
+initialiser, else Keras's defaults) and, optionally, `holdout`.
 """
 
 from __future__ import annotations
