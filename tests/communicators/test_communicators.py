@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tests.conftest import NUM_LOGICAL_CPUS
+from tests.graphs import ancestors
 from tfgc import communicators
 from tfgc.communicators import fusion
 
@@ -105,20 +106,6 @@ def test_communication_options_round_trip():
         communicators.Auto(options={"bytes_per_pack": 1})
 
 
-def _ancestors(op) -> set:
-    """Every op that `op` waits for, through inputs and control inputs."""
-    seen, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        for parent in [t.op for t in current.inputs] + list(
-            current.control_inputs
-        ):
-            if parent not in seen:
-                seen.add(parent)
-                stack.append(parent)
-    return seen
-
-
 def test_a_broadcast_runs_in_program_order_with_the_other_collectives(
     mirrored,
 ):
@@ -155,6 +142,6 @@ def test_a_broadcast_runs_in_program_order_with_the_other_collectives(
     assert len(reduces) == 2 and len(conds) == 2, (reduces, conds)
     first, last = sorted(reduces, key=lambda op: op.inputs[0].shape[0])
     sent, again = sorted(conds, key=lambda op: op.outputs[0].shape[0])
-    assert first in _ancestors(sent)
-    assert sent in _ancestors(again)
-    assert again in _ancestors(last)
+    assert first in ancestors(sent)
+    assert sent in ancestors(again)
+    assert again in ancestors(last)

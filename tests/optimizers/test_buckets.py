@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import tfgc
 from tests import keras_models
+from tests.graphs import ancestors
 from tfgc import compressors
 from tfgc.communicators import exchange
 from tfgc.optimizers import step
@@ -213,18 +214,6 @@ def test_non_finite_agreement_travels_with_the_buckets(mirrored, monkeypatch):
         )
 
 
-def _ancestors(op) -> set:
-    """Every op that `op` reads, directly or not (data and control)."""
-    seen, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        for parent in [t.op for t in current.inputs] + current.control_inputs:
-            if parent not in seen:
-                seen.add(parent)
-                stack.append(parent)
-    return seen
-
-
 @pytest.mark.parametrize("non_finite", ["propagate", "skip"])
 @pytest.mark.parametrize("bucket_bytes", [64 * 64 * 2, None])
 def test_the_first_bucket_reads_only_the_last_layers_gradients(
@@ -282,7 +271,7 @@ def test_the_first_bucket_reads_only_the_last_layers_gradients(
             and op.device == collective.device
         }
         assert len(matmuls) == 9
-        read = matmuls & _ancestors(collective)
+        read = matmuls & ancestors(collective)
         if bucket_bytes is None:
             assert read == matmuls, collective.name
         else:

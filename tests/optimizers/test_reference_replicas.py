@@ -19,24 +19,13 @@ from tensorflow.python.framework import auto_control_deps
 
 import tfgc
 from tests import backends
+from tests.graphs import ancestors
 from tfgc import compressors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 #: Compressors whose reference ops check what they send or receive.
 CHECKED = ("topk", "mstopk", "redsync")
-
-
-def _ancestors(ops):
-    """Every op that `ops` wait for, through data and control edges."""
-    seen, todo = set(), list(ops)
-    while todo:
-        op = todo.pop()
-        for up in [t.op for t in op.inputs] + list(op.control_inputs):
-            if up not in seen:
-                seen.add(up)
-                todo.append(up)
-    return seen
 
 
 @pytest.mark.parametrize("name", CHECKED)
@@ -83,7 +72,7 @@ def test_no_chained_stateful_op_waits_for_a_collective(
     after_collectives = [
         op.name
         for op in chained
-        if any(up.type.startswith("Collective") for up in _ancestors([op]))
+        if any(up.type.startswith("Collective") for up in ancestors(op))
     ]
     assert not after_collectives
 
