@@ -26,7 +26,6 @@ initialiser, else Keras's defaults) and, optionally, `holdout`.
 
 from __future__ import annotations
 
-import os
 import time
 
 import keras
@@ -35,24 +34,13 @@ import tensorflow as tf
 
 import tfgc
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PTB = os.environ.get(
-    "TFGC_PTB_SUBSET",
-    os.path.join(os.path.dirname(REPO), "shared/data/ptb-subset"),
-)
-
 
 def _ptb_ids():
-    from models.lstm_lm import data
+    """(train ids, test ids, vocabulary size) of the PTB subset."""
+    from models.lstm_lm import data, shared_subset_dir
 
-    train = data.read_words(os.path.join(PTB, "ptb.train.txt"))
-    test = data.read_words(os.path.join(PTB, "ptb.test.txt"))
-    vocab = data.build_vocab(train)
-    return (
-        data.to_ids(train, vocab, "train"),
-        data.to_ids(test, vocab, "test"),
-        len(vocab),
-    )
+    corpus = data.load_corpus(shared_subset_dir(), eval_splits=("test",))
+    return corpus.train, corpus.evals["test"], corpus.vocab_size
 
 
 def bigram_task(args):

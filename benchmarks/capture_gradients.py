@@ -15,10 +15,11 @@ vector. It is saved as `<out>/<name>.npz` with
 Models (`NAMES`):
 
 * `lstm_small`, `lstm_medium`, `lstm_large`: Zaremba et al.'s LSTM LM on
-  PTB-format text (`ptb.train.txt` of `--data_dir`, default the PTB subset
-  in /work/shared/data/ptb-subset), batch 20 x 35 tokens, SGD at learning
-  rate 1 with global-norm clipping, dropout as configured. With the
-  subset's 7,951-word vocabulary, medium has 17.1 M parameters.
+  PTB-format text (`ptb.train.txt` of `--data-dir`, default the PTB subset
+  in ../shared/data/ptb-subset or $TFGC_PTB_SUBSET), batch 20 x 35
+  tokens, SGD at learning rate 1 with global-norm clipping, dropout as
+  configured. With the subset's 7,951-word vocabulary, medium has 17.1 M
+  parameters.
 * `resnet50`: ResNet-50 v1.5 (25,557,032 parameters) on the main's
   synthetic ImageNet-shaped data, label smoothing 0.1, L2 loss, SGD with
   momentum 0.9 at 0.1 per 256 examples (no warm-up).
@@ -42,7 +43,6 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(ROOT, "benchmarks", ".cache")
-PTB = "/work/shared/data/ptb-subset"
 NAMES = ("lstm_small", "lstm_medium", "lstm_large", "resnet50")
 DEFAULT_MODELS = ("lstm_medium", "resnet50")
 DEFAULT_STEPS = 5
@@ -50,6 +50,10 @@ RESNET_BATCH = 4
 
 if ROOT not in sys.path:  # run as a script: make `models` importable
     sys.path.insert(0, ROOT)
+
+from models.lstm_lm import shared_subset_dir  # noqa: E402
+
+PTB = shared_subset_dir()
 
 
 def path_for(name: str, out: str = CACHE) -> str:

@@ -66,10 +66,6 @@ import tfgc  # noqa: E402
 from tfgc import ops  # noqa: E402
 
 C = tfgc.compressors
-PTB = os.environ.get(
-    "TFGC_PTB_SUBSET",
-    os.path.join(os.path.dirname(REPO), "shared/data/ptb-subset"),
-)
 #: name -> (label, factory(density, momentum) of the compressor).
 COMPRESSORS = {
     "dense": ("dense fp32", lambda d, m: C.Identity()),
@@ -162,25 +158,22 @@ class _StepLosses(keras.callbacks.Callback):
 
 
 def _ptb_task(tiny: bool):
-    from models.lstm_lm import data, model
+    from models.lstm_lm import data, model, shared_subset_dir
 
     # Zaremba et al.'s "small": 20 unrolled steps (ModelSize's default is
     # 35) and a batch of 20, here split over the two workers.
     size = model.SIZES["small"]
     num_steps, batch, hidden = (5, 4, 16) if tiny else (20, 10, 200)
     size = dataclasses.replace(size, hidden_size=hidden)
-    train = data.read_words(os.path.join(PTB, "ptb.train.txt"))
-    test = data.read_words(os.path.join(PTB, "ptb.test.txt"))
-    vocab = data.build_vocab(train)
-    train_ids = data.to_ids(train, vocab, "train")
-    test_ids = data.to_ids(test, vocab, "test")
+    corpus = data.load_corpus(shared_subset_dir(), eval_splits=("test",))
+    train_ids, test_ids = corpus.train, corpus.evals["test"]
     if tiny:
         test_ids = test_ids[:2000]
     x, y = data.windows(train_ids, num_steps)
     tx, ty = data.windows(test_ids, num_steps)
 
     def build():
-        return model.build_model(size, len(vocab), num_steps)
+        return model.build_model(size, corpus.vocab_size, num_steps)
 
     return {
         "build": build,
@@ -194,7 +187,7 @@ def _ptb_task(tiny: bool):
         "batch": batch,
         "metric": "perplexity",
         "description": f"LSTM LM 2 x {hidden}, {num_steps} unrolled steps, "
-        f"batch {batch} per worker, vocabulary {len(vocab):,}, SGD lr "
+        f"batch {batch} per worker, vocabulary {corpus.vocab_size:,}, SGD lr "
         f"{size.learning_rate:g}, clip-norm {size.max_grad_norm:g}",
     }
 

@@ -65,7 +65,6 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-PTB = "/work/shared/data/ptb-subset"
 CONFIGS = (
     "dense",
     "topk_ef",
@@ -101,6 +100,10 @@ MODELS = ("dense", "lstm_small")
 
 if ROOT not in sys.path:  # run as a script: make `tfgc`, `models` importable
     sys.path.insert(0, ROOT)
+
+from models.lstm_lm import shared_subset_dir  # noqa: E402
+
+PTB = shared_subset_dir()
 
 
 # --- inside a worker ----------------------------------------------------------

@@ -12,7 +12,6 @@ the project's 2-core machine while other jobs shared it.
 """
 
 import functools
-import os
 from pathlib import Path
 
 import keras
@@ -22,14 +21,12 @@ import tensorflow as tf
 
 import tfgc
 from models.lstm_lm import data as ptb_data
+from models.lstm_lm import shared_subset_dir
 from tests import replicated
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-PTB_SUBSET = Path(
-    os.environ.get("TFGC_PTB_SUBSET", REPO.parent / "shared/data/ptb-subset")
-)
+PTB_SUBSET = Path(shared_subset_dir())
 VOCAB, DIM, BATCH, STEPS = 1000, 16, 512, 200
 
 
@@ -39,14 +36,11 @@ def _bigrams():
     rest mapped to one token."""
     if not (PTB_SUBSET / "ptb.train.txt").is_file():
         pytest.skip(f"PTB subset not found at {PTB_SUBSET}")
-    words = ptb_data.read_words(str(PTB_SUBSET / "ptb.train.txt"))
-    vocab = ptb_data.build_vocab(words)
-    train = ptb_data.to_ids(words, vocab, "ptb.train.txt")
-    test_path = str(PTB_SUBSET / "ptb.test.txt")
-    test = ptb_data.to_ids(ptb_data.read_words(test_path), vocab, test_path)
-    counts = np.bincount(train, minlength=len(vocab))
+    corpus = ptb_data.load_corpus(str(PTB_SUBSET), eval_splits=("test",))
+    train, test = corpus.train, corpus.evals["test"]
+    counts = np.bincount(train, minlength=corpus.vocab_size)
     frequent = np.argsort(-counts, kind="stable")[: VOCAB - 1]
-    remap = np.full(len(vocab), VOCAB - 1, np.int32)
+    remap = np.full(corpus.vocab_size, VOCAB - 1, np.int32)
     remap[frequent] = np.arange(VOCAB - 1)
     return remap[train], remap[test][:20001]
 

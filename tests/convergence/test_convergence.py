@@ -14,7 +14,6 @@ shared it (load average 4-10), so they vary by a factor of 2-3.
 """
 
 import functools
-import os
 from pathlib import Path
 
 import keras
@@ -26,15 +25,13 @@ from sklearn.datasets import load_digits
 import tfgc
 from models.lstm_lm import data as ptb_data
 from models.lstm_lm import model as lstm_model
+from models.lstm_lm import shared_subset_dir
 from tests import replicated
 
 pytestmark = pytest.mark.slow
 
 EPOCHS, BATCH = 20, 32
-REPO = Path(__file__).resolve().parents[2]
-PTB_SUBSET = Path(
-    os.environ.get("TFGC_PTB_SUBSET", REPO.parent / "shared/data/ptb-subset")
-)
+PTB_SUBSET = Path(shared_subset_dir())
 
 
 def _digits():
@@ -234,15 +231,11 @@ def _ptb():
     """(train inputs, train targets, test inputs, test targets, vocab)."""
     if not (PTB_SUBSET / "ptb.train.txt").is_file():
         pytest.skip(f"PTB subset not found at {PTB_SUBSET}")
-    words = ptb_data.read_words(str(PTB_SUBSET / "ptb.train.txt"))
-    vocab = ptb_data.build_vocab(words)
-    train = ptb_data.to_ids(words, vocab, "ptb.train.txt")
-    test_path = str(PTB_SUBSET / "ptb.test.txt")
-    test = ptb_data.to_ids(ptb_data.read_words(test_path), vocab, test_path)
-    x, y = ptb_data.windows(train, PTB_SIZE.num_steps)
-    tx, ty = ptb_data.windows(test, PTB_SIZE.num_steps)
+    corpus = ptb_data.load_corpus(str(PTB_SUBSET), eval_splits=("test",))
+    x, y = ptb_data.windows(corpus.train, PTB_SIZE.num_steps)
+    tx, ty = ptb_data.windows(corpus.evals["test"], PTB_SIZE.num_steps)
     window = PTB_EVAL_WINDOWS
-    return x, y, tx[:window], ty[:window], len(vocab)
+    return x, y, tx[:window], ty[:window], corpus.vocab_size
 
 
 def _ptb_test_perplexity(compressor=None):

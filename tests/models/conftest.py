@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -14,11 +13,10 @@ import tensorflow as tf
 
 import tfgc
 from models.common import training
+from models.lstm_lm import shared_subset_dir
 
 REPO = Path(__file__).resolve().parents[2]
-PTB_SUBSET = Path(
-    os.environ.get("TFGC_PTB_SUBSET", REPO.parent / "shared/data/ptb-subset")
-)
+PTB_SUBSET = Path(shared_subset_dir())
 
 
 @pytest.fixture(scope="session")
