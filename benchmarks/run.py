@@ -279,6 +279,13 @@ PRESETS["overlap-resnet50-4hosts"] = dict(
     interleave=False,
     timeout=3600,
 )
+# The same at 10 Gbit/s.
+PRESETS["overlap-lstm-4hosts-10gbit"] = dict(
+    PRESETS["overlap-lstm-4hosts"], rate="10gbit"
+)
+PRESETS["overlap-resnet50-4hosts-10gbit"] = dict(
+    PRESETS["overlap-resnet50-4hosts"], rate="10gbit"
+)
 
 DEFAULTS = {
     "hosts": 2,
