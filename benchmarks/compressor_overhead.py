@@ -9,7 +9,11 @@ Runs are `name[@density][:key=value,...]` (a `tfgc.compressors.get` name
 and its arguments, values as JSON); a trailing `!generic` takes
 ErrorFeedback's generic path (add, compress, local estimate, subtract)
 where the compressor has a fused one (`compress_with_residual`), to show
-what the fused path saves. Writes `--out`.md and .json:
+what the fused path saves. With `--profile`, TensorFlow's profiler then
+records a few steps of each run and the files also say where the time
+went: per part of the step (forward, backward, exchange, the rest of the
+optimizer) and op type, the milliseconds per step its ops ran, summed over
+the executor's threads. Writes `--out`.md and .json:
 
     python benchmarks/compressor_overhead.py \\
         --runs 'topk@0.001 sbc@0.001 sbc@0.001!generic'
@@ -18,10 +22,13 @@ what the fused path saves. Writes `--out`.md and .json:
 from __future__ import annotations
 
 import argparse
+import collections
+import glob
 import json
 import os
 import shlex
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -88,11 +95,88 @@ def step_function(compressor_=None):
     return step
 
 
+def _profiled_ops(logdir: str):
+    """(op name, milliseconds) of every op the executor's threads ran in
+    the profile written to `logdir`."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    for path in glob.glob(
+        os.path.join(logdir, "**", "*.xplane.pb"), recursive=True
+    ):
+        with open(path, "rb") as f:
+            space.ParseFromString(f.read())
+        for plane in space.planes:
+            names = {k: v.name for k, v in plane.event_metadata.items()}
+            for line in plane.lines:
+                if not line.name.startswith("tf_Compute"):
+                    continue
+                for event in line.events:
+                    name = names.get(event.metadata_id, "")
+                    # "scope/name:OpType"; not the executor's own events
+                    # ("ExecutorState::Process"), which span the ops.
+                    if ":" in name and "::" not in name:
+                        yield name, event.duration_ps / 1e9
+
+
+def part_of(op_name: str) -> str:
+    """The part of a training step that the op `op_name` belongs to."""
+    if "tfgc_bucket_" in op_name or "tfgc_exchange" in op_name:
+        return "exchange"
+    if op_name.startswith("gradient_tape/"):
+        return "backward"
+    if op_name.startswith("functional"):
+        return "forward"
+    return "optimizer"
+
+
+def op_times(step, steps: int = 5) -> dict[str, float]:
+    """Per "part/op type" (`part_of`), the milliseconds per step that
+    `step()`'s ops ran over `steps` profiled steps, summed over threads
+    (ops that ran side by side both count), largest first."""
+    step()  # traced and warm
+    totals = collections.Counter()
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            tf.profiler.experimental.stop()
+        for name, ms in _profiled_ops(logdir):
+            totals[f"{part_of(name)}/{name.rsplit(':', 1)[1]}"] += ms / steps
+    return dict(totals.most_common())
+
+
+def profile_lines(profiles: dict[str, dict[str, float]], rows: int) -> list:
+    """Markdown: per run, its `rows` largest op types and the total."""
+    lines = [
+        "",
+        "## Where the time went (`--profile`)",
+        "",
+        "Milliseconds per step that each part's ops of a type ran, summed "
+        "over the executor's threads (so ops that ran side by side both "
+        "count), over 5 profiled steps; the largest per run, then the total "
+        "of all.",
+    ]
+    for name, times in profiles.items():
+        lines += ["", f"**{name}**", "", "| part/op | ms / step |", "|---|---|"]
+        for op, ms in list(times.items())[:rows]:
+            lines.append(f"| {op} | {ms:.2f} |")
+        lines.append(f"| all | {sum(times.values()):.2f} |")
+    return lines
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="topk@0.001 sbc@0.001")
     parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile each run: op time per step by part and op type",
+    )
     parser.add_argument(
         "--out",
         default=os.path.join(HERE, "results", "compressor_overhead"),
@@ -131,11 +215,11 @@ def main(argv=None) -> int:
         over = ms - floor
         ratio = f"{over / first:.2f}x" if name != "floor" and first else ""
         lines.append(f"| {name} | {ms:.1f} | {over:.1f} | {ratio} |")
-    _common.write_results(
-        args.out,
-        {"command": command, "meta": meta, "median_ms": times},
-        "\n".join(lines) + "\n",
-    )
+    results = {"command": command, "meta": meta, "median_ms": times}
+    if args.profile:
+        results["op_ms"] = {name: op_times(fn) for name, fn in steps.items()}
+        lines += profile_lines(results["op_ms"], rows=12)
+    _common.write_results(args.out, results, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 
