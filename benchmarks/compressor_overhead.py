@@ -29,6 +29,7 @@ import os
 import shlex
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -93,6 +94,13 @@ def step_function(compressor_=None):
         return loss
 
     return step
+
+
+def _seconds(fn) -> float:
+    """Wall seconds of one call of `fn`."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
 
 
 def _profiled_ops(logdir: str):
@@ -194,6 +202,7 @@ def main(argv=None) -> int:
     steps.update(
         {text: step_function(compressor(*parse_run(text))) for text in runs}
     )
+    first_call = {name: _seconds(fn) for name, fn in steps.items()}
     times = _common.timeit_interleaved(steps, args.repeats)
     floor = times["floor"]
     meta = _common.machine_meta(args.repeats)
@@ -207,15 +216,29 @@ def main(argv=None) -> int:
         f"{meta['tensorflow']}, compiled ops "
         f"{'on' if meta['custom_ops'] else 'off'}.",
         "",
-        "| run | step (ms) | over the floor (ms) | overhead / first run's |",
-        "|---|---|---|---|",
+        "| run | step (ms) | over the floor (ms) | overhead / first run's "
+        "| first call (s) |",
+        "|---|---|---|---|---|",
     ]
     first = times[runs[0]] - floor if runs else None
     for name, ms in times.items():
         over = ms - floor
         ratio = f"{over / first:.2f}x" if name != "floor" and first else ""
-        lines.append(f"| {name} | {ms:.1f} | {over:.1f} | {ratio} |")
-    results = {"command": command, "meta": meta, "median_ms": times}
+        lines.append(
+            f"| {name} | {ms:.1f} | {over:.1f} | {ratio} "
+            f"| {first_call[name]:.2f} |"
+        )
+    lines += [
+        "",
+        "First call: tracing the step's `tf.function` and running it once "
+        "(the floor's also starts TensorFlow's devices).",
+    ]
+    results = {
+        "command": command,
+        "meta": meta,
+        "median_ms": times,
+        "first_call_s": first_call,
+    }
     if args.profile:
         results["op_ms"] = {name: op_times(fn) for name, fn in steps.items()}
         lines += profile_lines(results["op_ms"], rows=12)

@@ -264,6 +264,35 @@ def test_inner_optimizer_from_inside_the_scope_counts_one_per_step(mirrored):
     assert int(opt.iterations.numpy()) == 3
 
 
+def test_custom_loop_runs_the_step_as_fit_does_without_autograph(monkeypatch):
+    """A user's `tf.function` is converted by AutoGraph, which would also
+    convert every tfgc function `apply` calls (seconds of tracing; fit,
+    from Keras's own step, converts none). A Python `if` on a tensor,
+    planted in the step's gradient check, fails only where nothing is
+    converted."""
+    from tfgc.optimizers import checks
+
+    check_gradient = checks.check_gradient
+
+    def check_with_python_branch(g, v):
+        if tf.reduce_sum(g) > 0:  # a tf.cond only if converted
+            pass
+        return check_gradient(g, v)
+
+    monkeypatch.setattr(checks, "check_gradient", check_with_python_branch)
+    model = _model()
+    optimizer = tfgc.CompressedOptimizer(keras.optimizers.SGD(0.1), "topk")
+    optimizer.build(model.trainable_variables)
+
+    @tf.function
+    def step():
+        variables = model.trainable_variables
+        optimizer.apply([tf.ones_like(v) for v in variables], variables)
+
+    with pytest.raises(tf.errors.OperatorNotAllowedInGraphError):
+        step()
+
+
 def test_indexed_slices_gradients_are_densified():
     keras.utils.set_random_seed(0)
     model = keras.Sequential(

@@ -186,6 +186,9 @@ def refuse_xla(reason: str, data_dependent_shape: bool = True) -> None:
     )
 
 
+# Not converted by AutoGraph when a user's tf.function calls an op: it
+# reads files (the library), which AutoGraph cannot convert.
+@tf.autograph.experimental.do_not_convert
 def custom_ops() -> types.ModuleType | None:
     """Returns the loaded op library, or None to use the references.
 

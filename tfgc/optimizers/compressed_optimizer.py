@@ -197,6 +197,10 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
     def variables(self):
         return self._variables + self.inner_optimizer.variables
 
+    # Called from a user's tf.function, AutoGraph would convert every tfgc
+    # function of the step (seconds of tracing); Keras's own step in `fit`
+    # converts none, and neither does a custom loop now.
+    @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
         replica_context = tf.distribute.get_replica_context()
         checks.check_replica_context(replica_context)
