@@ -186,8 +186,9 @@ def refuse_xla(reason: str, data_dependent_shape: bool = True) -> None:
     )
 
 
-# Not converted by AutoGraph when a user's tf.function calls an op: it
-# reads files (the library), which AutoGraph cannot convert.
+# Not converted by AutoGraph when a user's tf.function calls an op: the
+# loader's file checks come from frozen standard-library modules, whose
+# source AutoGraph cannot read, and it said so in a warning.
 @tf.autograph.experimental.do_not_convert
 def custom_ops() -> types.ModuleType | None:
     """Returns the loaded op library, or None to use the references.

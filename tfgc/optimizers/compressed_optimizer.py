@@ -198,8 +198,8 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         return self._variables + self.inner_optimizer.variables
 
     # Called from a user's tf.function, AutoGraph would convert every tfgc
-    # function of the step (seconds of tracing); Keras's own step in `fit`
-    # converts none, and neither does a custom loop now.
+    # function of the step (seconds of tracing). Keras's own step in `fit`
+    # converts none of them; a custom loop now runs the same code.
     @tf.autograph.experimental.do_not_convert
     def apply(self, grads, trainable_variables=None):
         replica_context = tf.distribute.get_replica_context()
