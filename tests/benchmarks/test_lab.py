@@ -655,7 +655,11 @@ def test_sigterm_tears_everything_down(tmp_path):
 @pytest.mark.multiworker
 def test_timeout_bounds_the_run_and_tears_down(tmp_path):
     before = _ours()
-    marker, proc = _marked_smoke(tmp_path, "--timeout", "8")
+    # Steps enough that no machine ends the run within the limit (the
+    # smoke preset's own took 8 s on a fast day).
+    marker, proc = _marked_smoke(
+        tmp_path, "--timeout", "8", "--steps", "100000"
+    )
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == lab_run.EXIT_TIMEOUT, out
     assert "limit" in out

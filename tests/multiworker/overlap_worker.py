@@ -11,6 +11,7 @@ collective started and ended, and when the first variable update started
 """
 
 import argparse
+import faulthandler
 import glob
 import json
 import os
@@ -115,6 +116,9 @@ def timeline(profile) -> dict:
 
 
 def main():
+    # A crash prints where it happened: the test runs the script again
+    # when that was TensorFlow's profiler (test_overlap.profiler_crashed).
+    faulthandler.enable()
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     args = parser.parse_args()

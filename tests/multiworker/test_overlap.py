@@ -34,12 +34,53 @@ RUNS = (
 )
 
 
+# TensorFlow's profiler now and then crashes its process in `stop()` (a
+# double free or a segfault: in 5 of 29 runs of overlap_worker.py on the
+# 2-core build machine). Such a run says nothing about tfgc; it runs again.
+ATTEMPTS = 3
+
+
+def profiler_crashed(log: str) -> bool:
+    """Whether a worker died inside TensorFlow's profiler: the stack its
+    fault handler printed (most recent call first) starts in the
+    profiler's `stop`."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if "Fatal Python error" in line:
+            calls = [c for c in lines[i : i + 8] if 'File "' in c]
+            return (
+                bool(calls)
+                and "profiler" in calls[0]
+                and " in stop" in calls[0]
+            )
+    return False
+
+
+def test_only_a_crash_in_the_profiler_counts_as_one():
+    crash = (
+        "[worker 1] double free or corruption (out)\n"
+        "[worker 1] Fatal Python error: Aborted\n"
+        "[worker 1] \n"
+        "[worker 1] Current thread 0x7f2b (most recent call first):\n"
+        '[worker 1]   File "/x/tensorflow/python/profiler/profiler_v2.py", '
+        "line 149 in stop\n"
+        '[worker 1]   File "/x/overlap_worker.py", line 91 in profiled_steps\n'
+    )
+    assert profiler_crashed(crash)
+    elsewhere = crash.replace("profiler/profiler_v2.py", "ops/top_k.py")
+    assert not profiler_crashed(elsewhere)
+    assert not profiler_crashed("AssertionError: no overlap")
+
+
 @pytest.fixture(scope="module")
 def profiles(tmp_path_factory):
-    out = tmp_path_factory.mktemp("overlap")
-    code, log = launch_worker_script(
-        "overlap_worker.py", NUM_WORKERS, ["--out", str(out)], timeout=600
-    )
+    for _ in range(ATTEMPTS):
+        out = tmp_path_factory.mktemp("overlap")
+        code, log = launch_worker_script(
+            "overlap_worker.py", NUM_WORKERS, ["--out", str(out)], timeout=600
+        )
+        if code == 0 or not profiler_crashed(log):
+            break
     assert code == 0, log[-5000:]
     return json.loads((out / "overlap.json").read_text())
 
