@@ -1,4 +1,5 @@
-"""Timing, command line and result files shared by the benchmark scripts.
+"""Timing, profiles, command line and result files shared by the benchmark
+scripts.
 
 The scripts run as `python benchmarks/<name>.py`, so this module is imported
 as `_common` from their own directory.
@@ -7,13 +8,15 @@ as `_common` from their own directory.
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -130,3 +133,37 @@ def write_results(output: str, results: dict, markdown: str) -> None:
     with open(output + ".md", "w") as f:
         f.write(markdown)
     print(f"wrote {output}.md and .json")
+
+
+class ProfiledEvent(NamedTuple):
+    """One event of a TensorFlow profile (an op: name "scope/op:OpType"),
+    its times in picoseconds on the profiler's clock."""
+
+    name: str
+    start: int
+    end: int
+    line: str  # the thread it ran on, e.g. "tf_Compute/..."
+
+
+def profile_events(logdir: str) -> Iterator[ProfiledEvent]:
+    """Every event of the one profile `tf.profiler.experimental` wrote
+    under `logdir`."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    (path,) = glob.glob(
+        os.path.join(logdir, "**", "*.xplane.pb"), recursive=True
+    )
+    space = xplane_pb2.XSpace()
+    with open(path, "rb") as f:
+        space.ParseFromString(f.read())
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                start = line.timestamp_ns * 1000 + event.offset_ps
+                yield ProfiledEvent(
+                    names.get(event.metadata_id, ""),
+                    start,
+                    start + event.duration_ps,
+                    line.name,
+                )

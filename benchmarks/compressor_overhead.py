@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import json
 import os
 import shlex
@@ -106,25 +105,16 @@ def _seconds(fn) -> float:
 def _profiled_ops(logdir: str):
     """(op name, milliseconds) of every op the executor's threads ran in
     the profile written to `logdir`."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    space = xplane_pb2.XSpace()
-    for path in glob.glob(
-        os.path.join(logdir, "**", "*.xplane.pb"), recursive=True
-    ):
-        with open(path, "rb") as f:
-            space.ParseFromString(f.read())
-        for plane in space.planes:
-            names = {k: v.name for k, v in plane.event_metadata.items()}
-            for line in plane.lines:
-                if not line.name.startswith("tf_Compute"):
-                    continue
-                for event in line.events:
-                    name = names.get(event.metadata_id, "")
-                    # "scope/name:OpType"; not the executor's own events
-                    # ("ExecutorState::Process"), which span the ops.
-                    if ":" in name and "::" not in name:
-                        yield name, event.duration_ps / 1e9
+    for event in _common.profile_events(logdir):
+        # "scope/name:OpType"; not the executor's own events
+        # ("ExecutorState::Process"), which span the ops.
+        name = event.name
+        if (
+            event.line.startswith("tf_Compute")
+            and ":" in name
+            and "::" not in name
+        ):
+            yield name, (event.end - event.start) / 1e9
 
 
 def part_of(op_name: str) -> str:
@@ -138,7 +128,11 @@ def part_of(op_name: str) -> str:
     return "optimizer"
 
 
-def op_times(step, steps: int = 5) -> dict[str, float]:
+#: Steps `--profile` records of each run.
+PROFILED_STEPS = 5
+
+
+def op_times(step, steps: int = PROFILED_STEPS) -> dict[str, float]:
     """Per "part/op type" (`part_of`), the milliseconds per step that
     `step()`'s ops ran over `steps` profiled steps, summed over threads
     (ops that ran side by side both count), largest first."""
@@ -164,8 +158,8 @@ def profile_lines(profiles: dict[str, dict[str, float]], rows: int) -> list:
         "",
         "Milliseconds per step that each part's ops of a type ran, summed "
         "over the executor's threads (so ops that ran side by side both "
-        "count), over 5 profiled steps; the largest per run, then the total "
-        "of all.",
+        f"count), over {PROFILED_STEPS} profiled steps; the largest per run, "
+        "then the total of all.",
     ]
     for name, times in profiles.items():
         lines += ["", f"**{name}**", "", "| part/op | ms / step |", "|---|---|"]

@@ -12,7 +12,6 @@ collective started and ended, and when the first variable update started
 
 import argparse
 import faulthandler
-import glob
 import json
 import os
 import re
@@ -20,9 +19,9 @@ import re
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
 import tfgc
+from benchmarks import _common
 from tests import keras_models
 from tests.multiworker.test_overlap import (
     LAYERS,
@@ -38,26 +37,6 @@ WIDTH = 512
 UPDATE = re.compile(
     r"/sgd(_\d+)?/(Tfgc>FusedUpdate(_\d+)?|update[^:]*/AssignSubVariableOp):"
 )
-
-
-def events(logdir: str):
-    """(name, start, end) of every event of the profile in `logdir`."""
-    (path,) = glob.glob(
-        os.path.join(logdir, "**", "*.xplane.pb"), recursive=True
-    )
-    space = xplane_pb2.XSpace()
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
-    for plane in space.planes:
-        names = {k: v.name for k, v in plane.event_metadata.items()}
-        for line in plane.lines:
-            for event in line.events:
-                start = line.timestamp_ns * 1000 + event.offset_ps
-                yield (
-                    names.get(event.metadata_id, ""),
-                    start,
-                    start + event.duration_ps,
-                )
 
 
 def profiled_steps(
@@ -90,7 +69,7 @@ def profiled_steps(
         tf.profiler.experimental.start(step_dir)
         model.fit(data, steps_per_epoch=1, epochs=1, verbose=0)
         tf.profiler.experimental.stop()
-        steps.append(timeline(list(events(step_dir))))
+        steps.append(timeline(list(_common.profile_events(step_dir))))
     return steps
 
 
