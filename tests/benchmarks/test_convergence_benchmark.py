@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import math
 
-from tests.benchmarks.scripts import python
+from tests.benchmarks.scripts import needs_ptb, python
 
 STEPS = 3
 COMPRESSORS = ("dense", "topk")
 TASKS = ("lstm_ptb", "resnet_digits")
 
 
+@needs_ptb
 def test_tiny_run_writes_losses_plots_and_table(tmp_path):
     proc = python(
         "-m", "benchmarks.run", "--preset", "convergence", "--tiny",
@@ -64,6 +65,7 @@ def test_unknown_compressor_is_a_usage_error(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+@needs_ptb
 def test_a_run_of_one_task_keeps_the_other_tasks_results(tmp_path):
     earlier = {
         "description": "an earlier digits run",

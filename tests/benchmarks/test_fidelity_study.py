@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 
-from tests.benchmarks.scripts import python
+from tests.benchmarks.scripts import needs_ptb, python
 
 
 def _study(*args: str, timeout: float = 300):
     return python("benchmarks/fidelity_study.py", *args, timeout=timeout)
 
 
+@needs_ptb
 def test_a_short_study_writes_each_ratio_to_dense_and_its_goal(tmp_path):
     proc = _study(
         "--tasks", "digits", "--seeds", "0", "--steps", "3",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 
-from tests.benchmarks.scripts import python
+from tests.benchmarks.scripts import needs_ptb, python
 
 STEPS = 4
 
@@ -20,6 +20,7 @@ def _sweep(*args: str, timeout: float = 300):
     return python("benchmarks/sbc_sweep.py", *args, timeout=timeout)
 
 
+@needs_ptb
 def test_tiny_sweep_writes_bits_perplexity_and_plot(tmp_path):
     proc = _sweep(
         "--tiny", "--steps", str(STEPS), "--densities", "0.01",
