@@ -125,6 +125,20 @@ def machine_meta(repeats: int) -> dict:
     }
 
 
+def report_header(title: str, doc: str, command: str, meta: dict) -> list:
+    """A result file's first markdown lines: the title, the script's first
+    paragraph (`doc`, its module docstring), the command and the machine."""
+    return [
+        f"# {title}",
+        "",
+        " ".join(doc.split("\n\n")[0].split()),
+        "",
+        f"Command: `{command}`; machine: {meta['machine']}, TensorFlow "
+        f"{meta['tensorflow']}, compiled ops "
+        f"{'on' if meta['custom_ops'] else 'off'}.",
+    ]
+
+
 def write_results(output: str, results: dict, markdown: str) -> None:
     """Writes `output`.json (results) and `output`.md (markdown)."""
     os.makedirs(os.path.dirname(output), exist_ok=True)

@@ -201,14 +201,9 @@ def main(argv=None) -> int:
     floor = times["floor"]
     meta = _common.machine_meta(args.repeats)
     command = shlex.join(["python", "benchmarks/compressor_overhead.py", *argv])
-    lines = [
-        "# Compressor overhead on one worker",
-        "",
-        " ".join(__doc__.split("\n\n")[0].split()),
-        "",
-        f"Command: `{command}`; machine: {meta['machine']}, TensorFlow "
-        f"{meta['tensorflow']}, compiled ops "
-        f"{'on' if meta['custom_ops'] else 'off'}.",
+    lines = _common.report_header(
+        "Compressor overhead on one worker", __doc__, command, meta
+    ) + [
         "",
         "| run | step (ms) | over the floor (ms) | overhead / first run's "
         "| first call (s) |",

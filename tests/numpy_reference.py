@@ -536,9 +536,9 @@ def sbc(
                     stream, bits = np_golomb_encode(idx, optimal_b(k, n))
                     selected[w][i], values[w][i] = idx, vals
                     coded[w][i] = (stream, bits)
-                    # The count, the value(s) (binarized: one, none for an
+                    # The count, the value(s) (binarized: one, 0 for an
                     # empty selection), the coded positions.
-                    num_values = min(idx.size, 1) if binarize else idx.size
+                    num_values = 1 if binarize else idx.size
                     sent_bytes[w] += 4 + 4 * num_values + stream.size
                 totals[i] = worker_sum(sent)
             start = [

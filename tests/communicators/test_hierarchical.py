@@ -134,7 +134,10 @@ def test_hierarchical_degenerate_layouts(mirrored):
 
 
 def test_ragged_gather_carries_unequal_sizes_and_dtypes(mirrored):
+    # Several tensors of a dtype are unpacked together: sub-word ones (each
+    # member's copy padded to a word), 8-byte ones, interleaved with others.
     dtypes = [tf.float32, tf.float16, tf.bfloat16, tf.int32, tf.int64, tf.uint8]
+    dtypes += [tf.uint8, tf.float32, tf.int64, tf.uint8, tf.float16]
 
     def values(r, i, dtype):
         n = 3 * r + i  # replica 0 sends an empty tensor for i == 0
@@ -158,11 +161,11 @@ def test_ragged_gather_carries_unequal_sizes_and_dtypes(mirrored):
                 np.testing.assert_array_equal(
                     rows[r].numpy(), values(r, i, dtype).numpy()
                 )
-    # Replica 0's buffer: 6 header words + its data, padded to the longest
-    # buffer's rung of the ladder, plus its length word.
-    sizes = [4, 2, 2, 4, 8, 1]
+    # Replica 0's buffer: a header word per tensor + its data, padded to
+    # the longest buffer's rung of the ladder, plus its length word.
+    sizes = [d.size for d in dtypes]
     words = [
-        sum(-(-(3 * r + i) * s // 4) for i, s in enumerate(sizes)) + 6
+        sum(-(-(3 * r + i) * s // 4) for i, s in enumerate(sizes)) + len(sizes)
         for r in range(NUM_LOGICAL_CPUS)
     ]
     rung = min(x for x in communicators.collectives.LADDER if x >= max(words))

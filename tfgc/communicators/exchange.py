@@ -180,8 +180,7 @@ def run_rounds(
             pending = list(bucket)
             round_index = 0
             while pending:
-                for i in pending:
-                    sent += payload_nbytes(payloads[i])
+                sent += payload_nbytes(*(payloads[i] for i in pending))
                 kinds = [
                     compressors[i].spec.collectives[round_index]
                     for i in pending

@@ -42,9 +42,10 @@ def _from_words(words: tf.Tensor, like: tf.Tensor) -> tf.Tensor:
     return values[..., : like.shape.num_elements()]
 
 
-def _num_words(count: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-    """int32 words that `count` elements of `dtype` take in a buffer."""
-    return (count * dtype.size + 3) // 4
+def _num_words(count: tf.Tensor, itemsize) -> tf.Tensor:
+    """int32 words that `count` elements of `itemsize` bytes take in a
+    buffer."""
+    return (count * itemsize + 3) // 4
 
 
 def _by_dtype(tensors) -> list[list[int]]:
@@ -130,50 +131,83 @@ def broadcast(tensors, group: Group, root: tf.Tensor):
     return _fuse(tensors, send, _as_words, _from_words, 0)
 
 
-def _ragged_rows(flat, starts, lengths):
-    """RaggedTensor whose row i is flat[starts[i] : starts[i] + lengths[i]]."""
-    positions = tf.ragged.range(starts, starts + lengths)
-    return tf.gather(flat, positions)
-
-
 def all_gather_ragged(tensors, group: Group):
     """Gathers 1-D tensors whose lengths differ between members.
 
     All tensors travel in one buffer per member: a header with the element
     count of each tensor, then the tensors as 32-bit words. The buffers are
     gathered by `Group.all_gather_unequal` (lengths first, then the buffers
-    padded to a common length).
+    padded to a common length). The rows are unpacked with a fixed number
+    of ops per dtype and a few per tensor: a bucket can hold hundreds of
+    tensors, and each op costs tracing and start-up time.
 
     Returns:
         (gathered, overhead): per tensor a `tf.RaggedTensor` [size, None]
-        whose row i is member i's tensor, and the int64 bytes this member
-        sent beyond its tensors' own bytes (header, word alignment and
-        padding to the common length, and the lengths' collective).
+        (int64 row splits) whose row i is member i's tensor, and the int64
+        bytes this member sent beyond its tensors' own bytes (header, word
+        alignment and padding to the common length, and the lengths'
+        collective).
     """
     flats = [tf.reshape(t, [-1]) for t in tensors]
-    counts = [tf.shape(f, out_type=tf.int32)[0] for f in flats]
-    header = tf.stack(counts)
+    counts = tf.stack([tf.size(f, out_type=tf.int32) for f in flats])
     words = [_as_words(f, wide=False) for f in flats]
-    buffer = tf.concat([header] + words, axis=0)
-    rows, _ = group.all_gather_unequal(buffer)
+    rows, _ = group.all_gather_unequal(tf.concat([counts] + words, axis=0))
+    num = len(tensors)
     padded = tf.shape(rows, out_type=tf.int32)[1]
     flat_rows = tf.reshape(rows, [-1])
-    row_starts = tf.range(group.size, dtype=tf.int32) * padded
-    headers = rows[:, : len(tensors)]  # [size, tensors] element counts
-    offset = row_starts + len(tensors)
-    gathered = []
-    for i, t in enumerate(flats):
-        member_counts = headers[:, i]
-        member_words = _num_words(member_counts, t.dtype)
-        word_rows = _ragged_rows(flat_rows, offset, member_words)
-        offset += member_words
-        values = _decode_words(word_rows.flat_values, t.dtype)
-        # Each member's tensor starts on a word boundary.
-        starts = tf.cumsum(member_words, exclusive=True) * 4 // t.dtype.size
-        gathered.append(_ragged_rows(values, starts, member_counts))
-    sent = sum(
-        tf.cast(c, tf.int64) * f.dtype.size for c, f in zip(counts, flats)
+    headers = rows[:, :num]  # [size, tensors] element counts
+    itemsize = tf.constant([f.dtype.size for f in flats], tf.int32)
+    member_words = _num_words(headers, itemsize)
+    # Where each member's tensor starts in flat_rows: after its row's
+    # header and its earlier tensors.
+    row_starts = tf.range(group.size, dtype=tf.int32)[:, None] * padded
+    starts = row_starts + num + tf.cumsum(member_words, axis=1, exclusive=True)
+    gathered = [None] * num
+    for members in _by_dtype(flats):
+        pieces, splits = _unpack(
+            flat_rows,
+            tf.gather(starts, members, axis=1),
+            tf.gather(member_words, members, axis=1),
+            tf.gather(headers, members, axis=1),
+            flats[members[0]].dtype,
+        )
+        for j, i in enumerate(members):
+            gathered[i] = tf.RaggedTensor.from_row_splits(
+                pieces[j], splits[j], validate=False
+            )
+    sent = tf.reduce_sum(
+        tf.cast(counts, tf.int64) * tf.cast(itemsize, tf.int64)
     )
     length_bytes = 4  # this member's length, in the first collective
     overhead = 4 * tf.cast(padded, tf.int64) + length_bytes - sent
     return gathered, overhead
+
+
+def _unpack(flat_rows, starts, member_words, counts, dtype):
+    """The tensors of one dtype out of the gathered rows.
+
+    `starts`, `member_words` and `counts` are [size, m]: where member r's
+    copy of the dtype's j-th tensor starts in `flat_rows`, its words and
+    its elements. One gather takes every copy, tensor by tensor.
+
+    Returns:
+        (pieces, splits): per tensor its members' elements one after
+        another, and its int64 row splits [size + 1].
+    """
+    m = counts.shape[1]
+    by_tensor = [
+        tf.reshape(tf.transpose(x), [-1]) for x in (starts, member_words)
+    ]
+    word_at = tf.ragged.range(by_tensor[0], by_tensor[0] + by_tensor[1])
+    values = _decode_words(tf.gather(flat_rows, word_at.flat_values), dtype)
+    lengths = tf.transpose(counts)  # [m, size]
+    if dtype.size < 4:
+        # Each copy starts on a word boundary: drop the padding after it.
+        first = tf.cumsum(by_tensor[1], exclusive=True) * (4 // dtype.size)
+        flat_lengths = tf.reshape(lengths, [-1])
+        kept = tf.ragged.range(first, first + flat_lengths)
+        values = tf.gather(values, kept.flat_values)
+    ends = tf.cumsum(tf.cast(lengths, tf.int64), axis=1)
+    splits = tf.pad(ends, [[0, 0], [1, 0]])
+    pieces = tf.split(values, ends[:, -1], num=m) if m > 1 else [values]
+    return pieces, tf.unstack(splits, num=m)

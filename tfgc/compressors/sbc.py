@@ -81,7 +81,8 @@ class SBC(base.DensityCompressor):
         return ops.golomb_optimal_b(self.num_selected(shape), n)
 
     def _select(self, flat, k):
-        """(indices, values): the entries sent, indices increasing."""
+        """(indices, sent): the positions sent, increasing, and the values
+        that travel: one (the kept side's signed mean) or one a position."""
         if not self.binarize:
             values, indices = ops.top_k_abs(flat, k)
             order = tf.argsort(indices)
@@ -96,23 +97,31 @@ class SBC(base.DensityCompressor):
             count = tf.maximum(tf.size(v), 1)
             return tf.reduce_sum(v) / tf.cast(count, v.dtype)
 
-        positive = mean(pos_values) >= mean(neg_values)
-        mu = tf.where(positive, mean(pos_values), -mean(neg_values))
-        indices = tf.cond(positive, lambda: pos_indices, lambda: neg_indices)
-        return indices, tf.fill(tf.shape(indices), mu)
+        pos_mean, neg_mean = mean(pos_values), mean(neg_values)
+        positive = pos_mean >= neg_mean
+        mu = tf.where(positive, pos_mean, -neg_mean)
+        # The kept side's indices, sliced out of both sides one after the
+        # other (a tf.cond would add a function per tensor).
+        both = tf.concat([pos_indices, neg_indices], 0)
+        pos_count = tf.size(pos_indices)
+        start = tf.where(positive, 0, pos_count)
+        length = tf.where(positive, pos_count, tf.size(neg_indices))
+        return both[start : start + length], mu[None]
 
     def compress(self, x, state, key):
         del key
         flat = tf.reshape(x, [-1])
         n = num_elements(x.shape)
-        indices, values = self._select(flat, self.num_selected(x.shape))
+        indices, sent = self._select(flat, self.num_selected(x.shape))
         # The values travel in float32: the local estimate takes them as
         # sent, so that error feedback keeps what float64 rounding lost.
-        values = tf.cast(tf.cast(values, tf.float32), x.dtype)
+        sent = tf.cast(sent, tf.float32)
+        values = tf.cast(sent, x.dtype)
+        if self.binarize:  # the one value sent, at every position
+            values = tf.fill(tf.shape(indices), values[0])
         positions, _ = ops.golomb_encode(indices, n, self._golomb_b(x.shape))
-        sent = values[:1] if self.binarize else values
         count = tf.size(indices, out_type=tf.int32)[None]
-        payload = SBCPayload(tf.cast(sent, tf.float32), count, positions)
+        payload = SBCPayload(sent, count, positions)
         return payload, _Context(x.shape, x.dtype, indices, values, state)
 
     def compress_with_residual(self, x, residual, state, key):
@@ -133,17 +142,25 @@ class SBC(base.DensityCompressor):
         workers = reduced.count.shape[0]
         if workers is None:
             raise ValueError("SBC needs the number of workers while tracing.")
-        indices, values = [], []
-        for w in range(workers):
-            count = reduced.count[w][0]
-            indices.append(ops.golomb_decode(reduced.positions[w], count, b, n))
-            row = reduced.values[w]
-            # row[:1]: a worker whose update is all zero sends no value.
-            mu = tf.reduce_sum(row[:1])
-            values.append(tf.fill([count], mu) if self.binarize else row)
-        total = _sparse.scatter_sum(
-            tf.concat(values, 0), tf.concat(indices, 0), n, ctx.dtype
+        # The rows are read through their splits: indexing a RaggedTensor
+        # row by row costs dozens of ops, and a bucket holds many tensors.
+        counts = tf.unstack(reduced.count.flat_values, num=workers)
+        coded = tf.split(
+            reduced.positions.flat_values,
+            reduced.positions.row_lengths(),
+            num=workers,
         )
+        indices = [
+            ops.golomb_decode(coded[w], counts[w], b, n) for w in range(workers)
+        ]
+        if self.binarize:  # one value from every worker
+            means = tf.unstack(reduced.values.flat_values, num=workers)
+            values = tf.concat(
+                [tf.fill([counts[w]], means[w]) for w in range(workers)], 0
+            )
+        else:
+            values = reduced.values.flat_values
+        total = _sparse.scatter_sum(values, tf.concat(indices, 0), n, ctx.dtype)
         return tf.reshape(total, ctx.shape), ctx.state
 
     def local_estimate(self, payload, ctx):

@@ -73,10 +73,20 @@ def wire_fields(payload) -> list[int]:
     ]
 
 
-def payload_nbytes(payload) -> tf.Tensor:
-    """Bytes of a payload as it goes on the wire (int64 scalar tensor)."""
-    total = zero_bytes()
-    for j in wire_fields(payload):
-        field = payload[j]
-        total += tf.size(field, out_type=tf.int64) * field.dtype.size
-    return total
+def payload_nbytes(*payloads) -> tf.Tensor:
+    """Bytes of payloads as they go on the wire (int64 scalar tensor).
+
+    Fields of static shape are counted while tracing; only the others
+    add ops (a bucket can hold hundreds of payloads).
+    """
+    static, dynamic = 0, []
+    for payload in payloads:
+        for j in wire_fields(payload):
+            field = payload[j]
+            if field.shape.is_fully_defined():
+                static += field.shape.num_elements() * field.dtype.size
+            else:
+                size = tf.size(field, out_type=tf.int64)
+                dynamic.append(size * field.dtype.size)
+    total = tf.constant(static, tf.int64)
+    return tf.add_n([total] + dynamic) if dynamic else total

@@ -29,12 +29,19 @@ def apply(
     replicas = tf.distribute.get_replica_context().num_replicas_in_sync
     step = tf.cast(iterations, tf.int64)
 
+    def when(round_edge, fn, otherwise):
+        # With a delay of 1 every step starts and ends a round: no cond,
+        # whose branch would hold the whole exchange as one more function.
+        if delay == 1:
+            return fn()
+        return tf.cond(round_edge, fn, otherwise)
+
     def start_round():
         for i, plan in zip(present, plans):
             plan.round_start.assign(trainable_variables[i])
         return tf.constant(True)
 
-    tf.cond(step % delay == 0, start_round, lambda: tf.constant(False))
+    when(step % delay == 0, start_round, lambda: tf.constant(False))
     local = [
         None if g is None else g * replicas
         for g in planning.without_overwritten(grads, trainable_variables)
@@ -54,5 +61,5 @@ def apply(
             trainable_variables[i].assign(plan.round_start + mean)
         return result.traffic
 
-    traffic = tf.cond((step + 1) % delay == 0, end_round, no_traffic)
+    traffic = when((step + 1) % delay == 0, end_round, no_traffic)
     steps.count(traffic)
