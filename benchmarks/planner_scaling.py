@@ -20,7 +20,7 @@ step whose parts are each fitted or measured:
   error feedback and decompress what n workers send. The truth is timed
   with n distinct payloads (this worker's and n-1 of random positions and
   heavy-tailed values); the planner's model is its fit from two small
-  workloads with its own payload stacked n times (`auto_plan.
+  workloads with its own payload stacked n times (`codec_timing.
   measure_codec`); the one-payload fit is what it measured before it
   counted the peers.
 - The backward pass: forward and backward of the stand-in timed here (one
@@ -66,7 +66,7 @@ from tfgc.communicators import topology as topology_lib  # noqa: E402
 from tfgc.core import bucket_costs  # noqa: E402
 from tfgc.core.bucket_costs import CodecCosts, CollectiveCosts, Line  # noqa: E402
 from tfgc.core.wire import ALL_GATHER, num_elements  # noqa: E402
-from tfgc.optimizers import auto_plan, planning  # noqa: E402
+from tfgc.optimizers import auto_plan, codec_timing, planning  # noqa: E402
 
 OUT = os.path.join(REPO, "docs", "benchmarks")
 COSTS = os.path.join(OUT, "costmodel.json")
@@ -242,7 +242,7 @@ def main(argv=None) -> int:
     def model_codecs(workers):
         communicator = communicator_of(workers)
         return [
-            auto_plan.measure_codec(
+            codec_timing.measure_codec(
                 settings(communicator), c, communicator, communicator.topology
             )
             for c in auto.candidates
@@ -255,7 +255,7 @@ def main(argv=None) -> int:
             for g in groups:
                 shapes = tuple(tuple(variables[i].shape) for i in g)
                 if (c, shapes) not in timed:
-                    timed[c, shapes] = auto_plan.codec_seconds(
+                    timed[c, shapes] = codec_timing.codec_seconds(
                         settings(communicator),
                         candidate,
                         shapes,

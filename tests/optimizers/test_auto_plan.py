@@ -18,7 +18,7 @@ from tfgc.core.bucket_costs import (
     Line,
     TensorLoad,
 )
-from tfgc.optimizers import auto_plan, plan_clock, planning
+from tfgc.optimizers import auto_plan, codec_timing, plan_clock, planning
 
 AR, AG = compressors.ALL_REDUCE, compressors.ALL_GATHER
 
@@ -272,12 +272,12 @@ def test_a_gathered_payload_is_decompressed_as_from_every_peer():
     key = tf.constant([1, 2], tf.int64)
     payload, ctx = topk.compress(x, topk.init_state(x.shape, x.dtype, key), key)
     once = tf.nest.map_structure(lambda t: t[None], payload)
-    (four,) = auto_plan._as_from_peers([once], [AG], 4)
+    (four,) = codec_timing.as_from_peers([once], [AG], 4)
     assert four.values.shape[0] == 4
     np.testing.assert_allclose(
         topk.decompress(four, ctx)[0], 4 * topk.decompress(once, ctx)[0]
     )
-    (same,) = auto_plan._as_from_peers([x], [AR], 4)  # a sum: as it is
+    (same,) = codec_timing.as_from_peers([x], [AR], 4)  # a sum: as it is
     assert same is x
 
 
@@ -290,7 +290,7 @@ def test_auto_measures_the_replicas_and_prints_its_table(
         peers.append(count)
         return received
 
-    monkeypatch.setattr(auto_plan, "_as_from_peers", as_from_peers)
+    monkeypatch.setattr(codec_timing, "as_from_peers", as_from_peers)
     model, opt = _planned(
         mirrored,
         compressors.Auto(candidates=["identity", TOPK], trial_steps=None),

@@ -5,8 +5,8 @@ When the optimizer is built, the gradients are cut into buckets as the
 exchange cuts them (`bucket_bytes`, from the last variable backwards).
 The planner then measures this cluster's all-reduce and all-gather
 (`probe.collective_costs`) and each candidate's compute on this device
-(compress, local decompress and error feedback, on two synthetic
-workloads of heavy-tailed values), averages every number over the
+(`codec_timing`: compress, local decompress and error feedback, on two
+synthetic workloads of heavy-tailed values), averages every number over the
 workers, predicts each bucket's exchange time under every candidate
 (`tfgc.core.bucket_costs`) and gives the bucket the fastest, unless
 that one compresses and is within `Auto.min_speedup` of the fastest
@@ -21,26 +21,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import numpy as np
 import tensorflow as tf
 
 from tfgc import compressors as compressors_lib
 from tfgc.communicators import exchange, probe
 from tfgc.communicators import topology as topology_lib
-from tfgc.communicators.collectives import Group
 from tfgc.communicators.hierarchical import Hierarchical
 from tfgc.compressors import switchable
 from tfgc.core import bucket_costs
 from tfgc.core.bucket_costs import CodecCosts, CollectiveCosts, TensorLoad
 from tfgc.core.compressor import Compressor, Network
-from tfgc.core.wire import ALL_GATHER, ALL_REDUCE, num_elements
-from tfgc.optimizers import planning
+from tfgc.core.wire import ALL_REDUCE, num_elements
+from tfgc.optimizers import codec_timing, planning
 
-#: The two workloads each candidate's compute is timed on: one large
-#: matrix, and many small ones (per-tensor costs).
-WORKLOADS = (((1024, 1024),), ((64, 64),) * 16)
-#: Timed calls per workload (their median counts).
-REPEATS = 5
 #: The most plans tried in the first steps (`contenders`): one per
 #: default candidate. Plans that differ from the predicted best in one
 #: small bucket are predicted close and would crowd out the other
@@ -209,13 +202,6 @@ def check_arguments(auto, communicator, error_feedback: bool) -> None:
                 )
 
 
-class _Stub(NamedTuple):
-    """What planning reads of a variable, for a synthetic workload."""
-
-    shape: tuple[int, ...]
-    dtype: str = "float32"
-
-
 def buckets(var_list, bucket_bytes: int | None) -> list[list[int]]:
     """The exchange's buckets of the variables whose gradients travel,
     as indices into `var_list` (`exchange.buckets` by gradient bytes)."""
@@ -282,89 +268,6 @@ def _dense_loads(variables, communicator) -> list[list[TensorLoad]]:
     ]
 
 
-def _as_from_peers(received, kinds, peers: int) -> list:
-    """A one-worker round's `received` payloads as `peers` workers would
-    receive them: each gathered payload stacked `peers` times (this
-    worker's, standing for every peer's), so that decompression sums as
-    many as in the step. Sums (all-reduce) are the same size for any
-    number of workers."""
-    out = []
-    for payload, kind in zip(received, kinds):
-        if kind == ALL_GATHER:
-
-            def stack(t):
-                return tf.tile(t, [peers] + [1] * (t.shape.rank - 1))
-
-            payload = tf.nest.map_structure(stack, payload)
-        out.append(payload)
-    return out
-
-
-def codec_seconds(
-    settings, candidate, shapes, communicator, topology, from_peers=None
-):
-    """Median seconds of one local exchange (one-worker group: nothing
-    leaves this worker) of `shapes` under `candidate`, as the optimizer
-    would drive it, averaged over its phases. Gathered payloads are
-    decompressed as from `communicator.num_peers` workers: `from_peers
-    (received, kinds, peers)` makes them (default `_as_from_peers`)."""
-    group = Group(topology, [0], 0, communicator.options)
-    peers = communicator.num_peers
-    from_peers = from_peers or _as_from_peers
-
-    def carry(payloads, kinds):
-        received, overhead = communicator.carry(payloads, kinds, group)
-        return from_peers(received, kinds, peers), overhead
-
-    # Every workload tensor compressed, whatever the user's minimum.
-    chosen = settings._replace(compressor=candidate, min_compress_size=0)
-    net = Network(1, None)
-    stubs = [_Stub(shape) for shape in shapes]
-    tensors = [probe.heavy_tailed(s, i) for i, s in enumerate(shapes)]
-    phase_lists = [
-        planning.compressors_for(chosen, stub, stub.shape, net)[0]
-        for stub in stubs
-    ]
-    count = max(len(p) for p in phase_lists)
-    keys = [planning.key(i, 0) for i in range(len(shapes))]
-    seconds = []
-    for j in range(count):
-        codecs = [p[j % len(p)] for p in phase_lists]
-        states = [
-            c.init_state(s, tf.float32, planning.key(i, planning.INIT_STEP))
-            for i, (c, s) in enumerate(zip(codecs, shapes))
-        ]
-
-        @tf.function
-        def run(codecs=codecs, states=states):
-            totals, _, _, _ = exchange.run_rounds(
-                codecs,
-                tensors,
-                states,
-                keys,
-                carry,
-            )
-            return tf.add_n([tf.reduce_sum(t) for t in totals])
-
-        seconds.append(
-            probe.median_seconds(lambda run=run: run().numpy(), REPEATS)
-        )
-    return float(np.mean(seconds))
-
-
-def measure_codec(settings, candidate, communicator, topology) -> CodecCosts:
-    """`candidate`'s compute per tensor and per element on this worker."""
-    points = []
-    for shapes in WORKLOADS:
-        seconds = codec_seconds(
-            settings, candidate, shapes, communicator, topology
-        )
-        points.append(
-            (len(shapes), sum(num_elements(s) for s in shapes), seconds)
-        )
-    return CodecCosts.solve(*points)
-
-
 def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
     """The plan for `var_list` (call where the optimizer is built: in a
     cross-replica context, outside `tf.function`, on every worker)."""
@@ -392,10 +295,12 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
     _refuse_in_function()
     strategy = tf.distribute.get_strategy()
     options = communicator.options
-    collectives = probe.collective_costs(strategy, REPEATS, options)
+    collectives = probe.collective_costs(
+        strategy, codec_timing.REPEATS, options
+    )
     topology = topology_lib.current(strategy)
     local = [
-        measure_codec(settings, c, communicator, topology)
+        codec_timing.measure_codec(settings, c, communicator, topology)
         for c in auto.candidates
     ]
     agreed = probe.agree_values(
