@@ -183,6 +183,14 @@ def all_gather_ragged(tensors, group: Group):
     return gathered, overhead
 
 
+def _runs(flat, starts, lengths):
+    """flat[starts[i] : starts[i] + lengths[i]] for every i, one after
+    another (one gather)."""
+    return tf.gather(
+        flat, tf.ragged.range(starts, starts + lengths).flat_values
+    )
+
+
 def _unpack(flat_rows, starts, member_words, counts, dtype):
     """The tensors of one dtype out of the gathered rows.
 
@@ -195,18 +203,17 @@ def _unpack(flat_rows, starts, member_words, counts, dtype):
         another, and its int64 row splits [size + 1].
     """
     m = counts.shape[1]
-    by_tensor = [
-        tf.reshape(tf.transpose(x), [-1]) for x in (starts, member_words)
-    ]
-    word_at = tf.ragged.range(by_tensor[0], by_tensor[0] + by_tensor[1])
-    values = _decode_words(tf.gather(flat_rows, word_at.flat_values), dtype)
+
+    def tensor_major(x):  # [size, m] -> [m * size], tensor by tensor
+        return tf.reshape(tf.transpose(x), [-1])
+
+    words = tensor_major(member_words)
+    values = _decode_words(_runs(flat_rows, tensor_major(starts), words), dtype)
     lengths = tf.transpose(counts)  # [m, size]
     if dtype.size < 4:
         # Each copy starts on a word boundary: drop the padding after it.
-        first = tf.cumsum(by_tensor[1], exclusive=True) * (4 // dtype.size)
-        flat_lengths = tf.reshape(lengths, [-1])
-        kept = tf.ragged.range(first, first + flat_lengths)
-        values = tf.gather(values, kept.flat_values)
+        first = tf.cumsum(words, exclusive=True) * (4 // dtype.size)
+        values = _runs(values, first, tensor_major(counts))
     ends = tf.cumsum(tf.cast(lengths, tf.int64), axis=1)
     splits = tf.pad(ends, [[0, 0], [1, 0]])
     pieces = tf.split(values, ends[:, -1], num=m) if m > 1 else [values]
