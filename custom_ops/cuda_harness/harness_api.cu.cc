@@ -25,6 +25,7 @@
 #include "custom_ops/cc/kernels/fused_update_common.h"
 #include "custom_ops/cc/kernels/fused_update_gpu.h"
 #include "custom_ops/cc/kernels/golomb_gpu.h"
+#include "custom_ops/cc/kernels/residual_gpu.h"
 #include "custom_ops/cc/kernels/scatter_gpu.h"
 #include "custom_ops/cc/kernels/top_k_sample_common.h"
 #include "custom_ops/cc/kernels/top_k_sample_gpu.h"
@@ -381,6 +382,16 @@ int tfgc_add_residual(int dtype, const void* g, const void* r, void* acc,
     return tfgc::gpu::AddResidual(static_cast<const T*>(g),
                                   static_cast<const T*>(r),
                                   static_cast<T*>(acc), n, nullptr);
+  });
+}
+
+int tfgc_new_residual(int dtype, const void* corrected, const void* sent,
+                      void* out, int64_t n) {
+  return WithDType(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return tfgc::gpu::NewResidual(static_cast<const T*>(corrected),
+                                  static_cast<const T*>(sent),
+                                  n, static_cast<T*>(out), nullptr);
   });
 }
 

@@ -2,7 +2,7 @@
 
 Builds a library from the same kernel sources the TF op uses
 (custom_ops/cc/kernels/*.cu.cc) plus harness_api.cu.cc, loads it with
-ctypes and compares TopKSample, TopKTwoSided, AddResidual, the
+ctypes and compares TopKSample, TopKTwoSided, AddResidual, NewResidual, the
 bit-packing kernels, ScatterAddSum, Golomb coding and FusedUpdate against
 numpy. With nvcc the library runs on a GPU, where TopKSample is also timed
 against `torch.topk` when PyTorch is installed. With `--emulate` a C++
@@ -242,6 +242,7 @@ class Harness:
         self.lib.tfgc_copy_to_device.argtypes = [vp, vp, i64]
         self.lib.tfgc_copy_to_host.argtypes = [vp, vp, i64]
         self.lib.tfgc_add_residual.argtypes = [i32, vp, vp, vp, i64]
+        self.lib.tfgc_new_residual.argtypes = [i32, vp, vp, vp, i64]
         self.lib.tfgc_top_k_ratio.argtypes = [
             i32, vp, vp, vp, ctypes.c_float, i64, i64, vp, vp, vp, i32,
         ]  # fmt: skip
@@ -452,15 +453,15 @@ class Harness:
         self.free(d_x, d_pv, d_nv, d_pi, d_ni)
         return out
 
-    def add_residual(self, g: np.ndarray, r: np.ndarray, dtype: str):
-        d_g, d_r = self.to_device(g), self.to_device(r)
-        d_a = self.alloc(max(1, g.nbytes))
-        err = self.lib.tfgc_add_residual(
-            DTYPES.index(dtype), d_g, d_r, d_a, g.size
-        )
-        self.check(err, "add_residual")
-        out = self.to_host(d_a, g.shape, g.dtype)
-        self.free(d_g, d_r, d_a)
+    def elementwise(self, op: str, a: np.ndarray, b: np.ndarray, dtype: str):
+        """`tfgc_<op>` (add_residual, new_residual) of a and b, as a new
+        array of their shape and type."""
+        d_a, d_b = self.to_device(a), self.to_device(b)
+        d_out = self.alloc(max(1, a.nbytes))
+        launch = getattr(self.lib, f"tfgc_{op}")
+        self.check(launch(DTYPES.index(dtype), d_a, d_b, d_out, a.size), op)
+        out = self.to_host(d_out, a.shape, a.dtype)
+        self.free(d_a, d_b, d_out)
         return out
 
     def pack_bits(self, mask: np.ndarray) -> np.ndarray:
@@ -1113,8 +1114,11 @@ def check_top_k_segments(h: Harness, sizes, setup, report: Tally) -> None:
         )
 
 
-def check_add_residual(h: Harness, sizes, setup, report: Tally) -> None:
-    rng = np.random.default_rng(1)
+def _check_elementwise(op, oracle, special, h, sizes, setup, report):
+    """`op` (Harness.elementwise) against `oracle(a, b)` on float32 values
+    (the CPU's flushes included), bit for bit but for NaN payloads: random
+    values of many magnitudes, after `special` (pairs) where they fit."""
+    rng = np.random.default_rng(len(op))
     for case, (n, dtype) in enumerate(
         (n, dtype) for n, _ in sizes.each() for dtype in DTYPES
     ):
@@ -1125,26 +1129,51 @@ def check_add_residual(h: Harness, sizes, setup, report: Tally) -> None:
         b = rng.standard_normal(n).astype(np.float32) * 2.0 ** rng.integers(
             -12, 12, n
         )
-        if n > 4:
-            a[:3], b[:3] = [np.inf, np.inf, np.nan], [-np.inf, 1, 2]
-        if n > 9:  # subnormal addends and sums, which the CPU flushes
-            tiny = np.float32(2.0**-126)
-            a[4:9] = [1e-39, -3e-39, tiny, 1.5 * tiny, 1.0]
-            b[4:9] = [0.0, 1e-39, -tiny / 2, -1.25 * tiny, -3e-39]
-        g, r = to_dtype(a, dtype), to_dtype(b, dtype)
-        with np.errstate(invalid="ignore"):  # inf - inf
-            total = flush_subnormals(
-                flush_subnormals(as_float32(g, dtype))
-                + flush_subnormals(as_float32(r, dtype))
-            )
+        if n > len(special):
+            a[: len(special)] = [x for x, _ in special]
+            b[: len(special)] = [y for _, y in special]
+        x, y = to_dtype(a, dtype), to_dtype(b, dtype)
+        with np.errstate(invalid="ignore", over="ignore"):  # inf - inf
+            total = oracle(as_float32(x, dtype), as_float32(y, dtype))
         want = to_dtype(total, dtype)
-        got = h.add_residual(g, r, dtype)
+        got = h.elementwise(op, x, y, dtype)
         # The device writes NaN as 0x7fff; numpy keeps the payload.
         nan = np.isnan(total)
         ok = same_bits(got[~nan], want[~nan]) and bool(
             np.all(np.isnan(as_float32(got, dtype)[nan]))
         )
-        report(ok, f"add_residual {n=} {dtype}{where}")
+        report(ok, f"{op} {n=} {dtype}{where}")
+
+
+_TINY = float(np.float32(2.0**-126))
+
+
+def check_add_residual(h: Harness, sizes, setup, report: Tally) -> None:
+    """g + r with the CPU's flushes: float32 subnormal addends and sums
+    count as zeros."""
+
+    def oracle(g, r):
+        return flush_subnormals(flush_subnormals(g) + flush_subnormals(r))
+
+    special = [(np.inf, -np.inf), (np.inf, 1), (np.nan, 2), (0.5, 0.25)]
+    special += [(1e-39, 0.0), (-3e-39, 1e-39), (_TINY, -_TINY / 2)]
+    special += [(1.5 * _TINY, -1.25 * _TINY), (1.0, -3e-39)]
+    _check_elementwise("add_residual", oracle, special, h, sizes, setup, report)
+
+
+def check_new_residual(h: Harness, sizes, setup, report: Tally) -> None:
+    """corrected - sent, +0 where sent is not finite, with the CPU's
+    flushes: float32 subnormal operands and differences count as zeros."""
+
+    def oracle(c, s):
+        diff = flush_subnormals(flush_subnormals(c) - flush_subnormals(s))
+        return np.where(np.isfinite(s), diff, np.float32(0.0))
+
+    # Kept, zeroed, zeroed, kept NaN, zeroed, zeroed, then subnormals.
+    special = [(np.inf, 1), (1, np.inf), (1, -np.inf), (np.nan, 1)]
+    special += [(1, np.nan), (np.inf, np.inf), (1e-39, 0.0), (-3e-39, -1e-39)]
+    special += [(_TINY, _TINY / 2), (1.5 * _TINY, 1.25 * _TINY), (1.0, 3e-39)]
+    _check_elementwise("new_residual", oracle, special, h, sizes, setup, report)
 
 
 def same_or_nan(got: np.ndarray, want: np.ndarray, dtype: str) -> bool:
@@ -1833,6 +1862,7 @@ CHECKS = {
     "top_k_ratio": check_top_k_ratio,
     "top_k_two_sided": check_top_k_two_sided,
     "add_residual": check_add_residual,
+    "new_residual": check_new_residual,
     "bits": check_bits,
     "scatter_add_sum": check_scatter_add_sum,
     "golomb": check_golomb,

@@ -18,10 +18,10 @@ Tables (`--only`):
 - fused_update: ResNet-50's 161 variables updated by one FusedUpdate and
   by one FusedUpdate per variable, SGD with momentum and Adam, against a
   device-to-device copy that moves as many bytes;
-- add_residual, bits (pack, unpack, the unpack reductions of 4 workers),
-  golomb (encode, decode of SBC-sized index sets) and scatter_add_sum (4
-  workers' top-k payloads summed into a dense tensor), at ResNet-50's
-  25.6 M elements.
+- add_residual (AddResidual and NewResidual), bits (pack, unpack, the
+  unpack reductions of 4 workers), golomb (encode, decode of SBC-sized
+  index sets) and scatter_add_sum (4 workers' top-k payloads summed into a
+  dense tensor), at ResNet-50's 25.6 M elements.
 
     python custom_ops/cuda_harness/timings.py --json t.json   # on a GPU
     python custom_ops/cuda_harness/timings.py --emulate --quick
@@ -532,23 +532,27 @@ class Bench:
         }
 
     def add_residual(self) -> list[dict]:
+        """Error feedback's two passes: x + residual before the selection
+        (AddResidual) and, on the generic path, what is kept after it
+        (NewResidual); each reads two buffers and writes one."""
         n = self.resnet_elements()
         rows = []
-        for code, dtype in enumerate(rh.DTYPES):
-            g = oracle.to_dtype(sample(n, "gaussian", 2), dtype)
-            d_g, d_r = self.h.to_device(g), self.h.to_device(g)
-            d_a = self.h.alloc(g.nbytes)
-            t = self.time("tfgc_add_residual", code, d_g, d_r, d_a, n)
-            rows.append(
-                {
-                    "op": "add_residual",
-                    "dtype": dtype,
-                    "n": n,
-                    "ms": t.median,
-                    "copy_ms": self.copy_ms(d_g, g.nbytes),
-                }
-            )
-            self.h.free(d_g, d_r, d_a)
+        for op in ("add_residual", "new_residual"):
+            for code, dtype in enumerate(rh.DTYPES):
+                g = oracle.to_dtype(sample(n, "gaussian", 2), dtype)
+                d_g, d_r = self.h.to_device(g), self.h.to_device(g)
+                d_a = self.h.alloc(g.nbytes)
+                t = self.time(f"tfgc_{op}", code, d_g, d_r, d_a, n)
+                rows.append(
+                    {
+                        "op": op,
+                        "dtype": dtype,
+                        "n": n,
+                        "ms": t.median,
+                        "copy_ms": self.copy_ms(d_g, g.nbytes),
+                    }
+                )
+                self.h.free(d_g, d_r, d_a)
         return rows
 
     def bits(self) -> list[dict]:
@@ -874,6 +878,7 @@ COLUMNS = {
         ("GB/s", "gb_per_s"),
     ],
     "add_residual": [
+        ("op", "op"),
         ("dtype", "dtype"),
         ("N", "n"),
         ("ms", "ms"),

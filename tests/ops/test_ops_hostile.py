@@ -408,6 +408,45 @@ def test_golomb_encode_rejections_are_named(backend, idx, n, b):
     assert any(f"`{a}`" in message for a in ("indices", "n", "b")), message
 
 
+# --- error feedback's residual -----------------------------------------------
+
+
+@property_settings(max_examples=80)
+@given(
+    shape=shapes,
+    dtype_name=st.sampled_from(sorted(DTYPES)),
+    kinds=st.tuples(st.sampled_from(KINDS), st.sampled_from(KINDS)),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_new_residual(backend, shape, dtype_name, kinds, seed):
+    del backend
+    dtype = DTYPES[dtype_name][0]
+    corrected = data(shape, dtype_name, kinds[0], seed)
+    sent = data(shape, dtype_name, kinds[1], seed + 1)
+    out = tfgc.ops.new_residual(
+        tf.constant(corrected, dtype), tf.constant(sent, dtype)
+    )
+    assert out.shape == shape and out.dtype == dtype
+    got, c, s = f64(out), f64(corrected), f64(sent)
+    zeroed = ~np.isfinite(s)
+    # +0 where `sent` is not finite, whatever `corrected` holds.
+    assert (got[zeroed] == 0).all() and not np.signbit(got[zeroed]).any()
+    with np.errstate(invalid="ignore", over="ignore"):
+        expected = (c - s)[~zeroed]
+    got = got[~zeroed]
+    assert (np.isnan(got) == np.isnan(expected)).all()
+    # Rounded once to the dtype; subnormal operands and results may be
+    # flushed to zero, as TensorFlow's CPU threads flush them.
+    info = ml_dtypes.finfo(DTYPES[dtype_name][1])
+    tol = float(info.eps) * np.abs(expected) + 16 * float(info.tiny)
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(expected)
+        assert (got[~finite] == expected[~finite])[
+            ~np.isnan(expected[~finite])
+        ].all()
+        assert (np.abs(got - expected)[finite] <= tol[finite]).all()
+
+
 # --- scatter -----------------------------------------------------------------
 
 

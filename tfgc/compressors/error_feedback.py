@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
+from tfgc import ops
 from tfgc.compressors import base
 from tfgc.core.compressor import Compressor, Spec
 
@@ -132,11 +133,7 @@ class ErrorFeedback(Compressor):
             )
         else:
             sent = self.compressor.local_estimate(ctx.payload, ctx.inner)
-            residual = tf.where(
-                tf.math.is_finite(sent),
-                ctx.corrected - sent,
-                tf.zeros_like(sent),
-            )
+            residual = ops.new_residual(ctx.corrected, sent)
         return total, ErrorFeedbackState(residual, inner_state)
 
     def local_estimate(self, payload, ctx):

@@ -29,6 +29,7 @@ from tfgc.ops.golomb import (
     golomb_optimal_b,
 )
 from tfgc.ops.golomb import max_encoded_bytes as golomb_max_encoded_bytes
+from tfgc.ops.residual import new_residual
 from tfgc.ops.scatter import scatter_add_sum
 from tfgc.ops.shuffle import index_shuffle
 from tfgc.ops.sparse_write import subtract_at, zero_at
@@ -54,6 +55,7 @@ __all__ = [
     "golomb_max_encoded_bytes",
     "golomb_optimal_b",
     "index_shuffle",
+    "new_residual",
     "pack_bits",
     "ratio_scores",
     "refuse_xla",
