@@ -168,15 +168,17 @@ PRESETS = {
     },
     # The pipelined exchange against TensorFlow's own overlap: 2 hosts, a
     # worker each, a stand-in whose backward pass takes about as long as
-    # its all-reduce at 1 Gbit/s; every case also unpipelined.
+    # its all-reduce at 1 Gbit/s; every case also unpipelined, the cases
+    # taking turns step by step.
     "overlap": {
         "hosts": 2,
         "rate": "1gbit,10gbit",
         "model": "standin-compute",
         "compressors": "identity:ef=0 topk:0.001 powersgd:rank=4 acpsgd:rank=4",
-        "steps": 6,
+        "steps": 10,
         "warmup": 3,
         "timeout": 2400,
+        "interleave": True,
         "unpipelined": True,
         "bytes_per_pack": 25 * 2**20,
     },
@@ -264,7 +266,7 @@ PRESETS = {
 # The overlap comparison on 4 hosts: two workers share each core of a
 # 2-core machine; the cases take turns step by step.
 PRESETS["overlap-4hosts"] = dict(
-    PRESETS["overlap"], hosts=4, interleave=True, timeout=5400
+    PRESETS["overlap"], hosts=4, steps=6, timeout=5400
 )
 # The real models on 4 hosts at 1 Gbit/s. ResNet-50's cases run one after
 # another: interleaved, every case's model is held at once (about 1 GB a
@@ -463,6 +465,7 @@ def cases(
         + fixed
         + serial
         + unfused
+        + [{"name": "synchronisation only", "kind": "barrier"}]
         + [{"name": "no communication", "kind": "floor"}]
         + local
     )

@@ -70,6 +70,8 @@ LEARNING_RATE = 1e-3
 PER_TENSOR = "compressed_per_tensor"
 COMPRESSED = ("compressed", "local_compressed", PER_TENSOR)
 LOCAL = ("floor", "local_compressed")
+# The floor's step, synchronised: what any exchange pays before a byte.
+BARRIER = "barrier"
 
 
 def transport_factor(collective: str, workers: int) -> float | None:
@@ -133,6 +135,16 @@ def build(name: str, rng: np.random.Generator):
         y = rng.integers(0, 1000, (batch,), dtype="int32")
         return resnet.resnet((224, 224, 3), 1000), x, y, loss
     raise ValueError(f"Unknown model {name!r}. Use one of {sorted(BATCH)}.")
+
+
+def after_barrier(grads: list) -> list:
+    """`grads`, once every worker has computed its own: a 4-byte all-reduce
+    of a value read from each gradient, so that the step waits for the
+    slowest worker, as every exchange makes it, and sends nothing else."""
+    token = tf.add_n([tf.reshape(g, [-1])[0] for g in grads])
+    total = tf.distribute.get_replica_context().all_reduce("sum", token)
+    with tf.control_dependencies([total]):
+        return [tf.identity(g) for g in grads]
 
 
 def make_optimizer(case: dict, workers_per_host: int = 1):
@@ -242,6 +254,11 @@ def analytic_bytes(
     several hosts (importance pruning's positions, flat) is a tree whose
     host crossings depend on where each worker sits: not modelled (None).
     """
+    if case["kind"] == BARRIER:  # one float32, all-reduced
+        return {
+            "payload_bytes": 4.0,
+            "wire_bytes": 4.0 * transport_factor(ALL_REDUCE, workers),
+        }
     compressed = case["kind"] in ("compressed", PER_TENSOR)
     communicator = optimizer.communicator if compressed else None
     hierarchical = (
@@ -395,6 +412,11 @@ def prepare(case: dict, spec: dict, strategy, plans: dict) -> Prepared:
         grads = [tf.convert_to_tensor(g) for g in grads]
         if case["kind"] in COMPRESSED:
             optimizer.apply(grads, model.trainable_variables)
+        elif case["kind"] == BARRIER:
+            # Keras's SGD update, but of this worker's own gradients:
+            # under the strategy its apply_gradients would sum them.
+            for v, g in zip(model.trainable_variables, after_barrier(grads)):
+                v.assign_sub(g * LEARNING_RATE)
         else:
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss

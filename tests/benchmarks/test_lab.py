@@ -98,6 +98,7 @@ def test_parsers():
         "dense fp32",
         "dense fp16",
         "topk 0.01 +EF",
+        "synchronisation only",
         "no communication",
         "topk 0.01 +EF, no communication",
     ]
@@ -563,6 +564,7 @@ def test_smoke_preset(tmp_path):
         "dense fp32",
         "dense fp16",
         "topk 0.01 +EF",
+        "synchronisation only",
         "no communication",
         "topk 0.01 +EF, no communication",
     ]
@@ -584,8 +586,14 @@ def test_smoke_preset(tmp_path):
             rows[name]["tfgc_sent_bytes"]
             == rows[name]["analytic_payload_bytes"]
         )
-    # The floor and the compressor's local step have no collective.
-    for name in ("no communication", "topk 0.01 +EF, no communication"):
+    # The floor and the compressor's local step have no collective; the
+    # synchronised floor one of 4 bytes.
+    assert rows["synchronisation only"]["analytic_wire_bytes"] == 4.0
+    for name in (
+        "synchronisation only",
+        "no communication",
+        "topk 0.01 +EF, no communication",
+    ):
         assert (
             rows[name]["measured_tx_bytes"] < 0.01 * dense["measured_tx_bytes"]
         )
@@ -679,7 +687,7 @@ def test_localhost_mode(tmp_path):
     assert proc.returncode == 0, out
     (run,) = json.loads((tmp_path / "custom.json").read_text())["runs"]
     assert run["rate"] is None and "qdiscs" not in run
-    assert len(run["cases"]) == 6
+    assert len(run["cases"]) == 7
     assert all("measured_tx_bytes" not in r for r in run["cases"])
     # One optimizer per variable sends what the fused one sends.
     rows = {r["name"]: r for r in run["cases"]}
