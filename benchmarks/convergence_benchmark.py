@@ -16,9 +16,10 @@ the importance root need more than one):
 
 The compressors: dense fp32 and fp16, the baselines TopK, RandomK, scaled
 SignSGD and PowerSGD (rank 4), and the paper algorithms MSTopK, RedSync,
-SBC (delay 1 and 4), importance pruning and ACP-SGD (rank 4); density 1 %
-where one applies, error feedback on (RedSync: its own residual and the
-task's momentum, the inner SGD none).
+SBC (delay 1 and 4), importance pruning and ACP-SGD (rank 4); the
+planner (`auto`) and a plan mixing its candidates by bucket
+(`auto_mixed`); density 1 % where one applies, error feedback on
+(RedSync: its own residual and the task's momentum, the inner SGD none).
 
 Per run: the training loss of every step (recovered from Keras's running
 mean), the final training loss (mean of the last tenth of the steps), the
@@ -44,6 +45,7 @@ import os
 import shlex
 import sys
 import time
+from typing import NamedTuple
 
 import tensorflow as tf
 
@@ -64,6 +66,7 @@ import numpy as np  # noqa: E402
 
 import tfgc  # noqa: E402
 from tfgc import ops  # noqa: E402
+from tfgc.optimizers import auto_plan  # noqa: E402
 
 C = tfgc.compressors
 #: name -> (label, factory(density, momentum) of the compressor).
@@ -88,7 +91,32 @@ COMPRESSORS = {
         "auto (re-planned every 500 steps)",
         lambda d, m: C.Auto(replan_every=500, verbose=False),
     ),
+    # What the planner may make of a model, whatever this machine's
+    # measurements would choose: its compressing candidates side by side.
+    "auto_mixed": (
+        "auto, its candidates mixed by bucket",
+        lambda d, m: MixedPlan(),
+    ),
 }
+
+
+class MixedPlan(NamedTuple):
+    """`Auto` with its default candidates but dense fp32 taken in turn,
+    bucket by bucket (TopK, ACP-SGD, MSTopK, PowerSGD, FP16), in buckets
+    of `bucket_bytes`: a plan that mixes every codec the planner may
+    choose in one model. On one machine the planner itself measures no
+    network and keeps dense fp32 everywhere."""
+
+    bucket_bytes: int = 2**20
+    #: Indices into `Auto`'s default candidates.
+    cycle: tuple[int, ...] = (2, 5, 3, 4, 1)
+
+    def compressor(self, variables) -> C.Auto:
+        count = len(auto_plan.buckets(variables, self.bucket_bytes))
+        choices = [self.cycle[i % len(self.cycle)] for i in range(count)]
+        return C.Auto(choices=choices, verbose=False)
+
+
 #: Steps per task when --steps is not given.
 STEPS = {"resnet_digits": 200, "lstm_ptb": 3000}
 DENSITY = 0.01
@@ -252,8 +280,12 @@ def train(task, make, steps, label):
     with strategy.scope():
         model = task["build"]()
         compressor = make(DENSITY, task["momentum"])
+        options = {}
+        if isinstance(compressor, MixedPlan):
+            options["bucket_bytes"] = compressor.bucket_bytes
+            compressor = compressor.compressor(model.trainable_variables)
         optimizer = tfgc.CompressedOptimizer(
-            _inner_with_momentum(task, compressor), compressor
+            _inner_with_momentum(task, compressor), compressor, **options
         )
         model.compile(
             optimizer,

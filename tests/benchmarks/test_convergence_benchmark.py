@@ -146,3 +146,18 @@ def test_update_reruns_some_compressors_and_keeps_the_rest(tmp_path):
     assert runs["topk"]["seconds"] != old["topk"]["seconds"]  # rerun
     table = (tmp_path / "convergence.md").read_text()
     assert "Rows kept from an earlier run: dense fp32 (`" in table
+
+
+@needs_ptb
+def test_mixed_plan_gives_the_buckets_different_codecs(tmp_path):
+    proc = python(
+        "-m", "benchmarks.run", "--preset", "convergence", "--tiny",
+        "--steps", "2", "--tasks", "lstm_ptb", "--out", str(tmp_path),
+        "--compressors", "auto_mixed",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "convergence.json").read_text())
+    run = results["results"]["lstm_ptb"]["runs"]["auto_mixed"]
+    # The candidates in turn from the last bucket: TopK, ACP-SGD, ...
+    assert run["plan"][:2] == ["TopK", "ACPSGD"], run["plan"]
+    assert all(math.isfinite(x) for x in run["losses"])
