@@ -30,7 +30,7 @@ namespace {
 constexpr int64_t kMinBlock = int64_t{1} << 16;
 
 // float32: the finiteness test on the bits (an exponent that is not all
-// ones) and a select, which the compiler vectorises.
+// ones) and a select, no branch.
 void NewResidualBlock(const float* c, const float* s, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t bits;
