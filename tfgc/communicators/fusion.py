@@ -213,7 +213,7 @@ def _unpack(flat_rows, starts, member_words, counts, dtype):
     if dtype.size < 4:
         # Each copy starts on a word boundary: drop the padding after it.
         first = tf.cumsum(words, exclusive=True) * (4 // dtype.size)
-        values = _runs(values, first, tensor_major(counts))
+        values = _runs(values, first, tf.reshape(lengths, [-1]))
     ends = tf.cumsum(tf.cast(lengths, tf.int64), axis=1)
     splits = tf.pad(ends, [[0, 0], [1, 0]])
     pieces = tf.split(values, ends[:, -1], num=m) if m > 1 else [values]
