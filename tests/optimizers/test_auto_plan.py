@@ -187,15 +187,15 @@ class _Variable:
         self.dtype = "float32"
 
 
+class _FourWorkers(type(communicators.get("auto"))):
+    num_peers = 4
+
+
 def _choose(candidates, collectives, codecs):
     """The choices for a 2048 x 2048 kernel and a 16-element bias among 4
     workers, each in a bucket of its own, every tensor compressed."""
-
-    class FourWorkers(type(communicators.get("auto"))):
-        num_peers = 4
-
     auto = compressors.Auto(candidates=candidates)
-    flat = FourWorkers()
+    flat = _FourWorkers()
     settings = planning.Settings(auto, flat, True, 0, 0, 0)
     variables = [_Variable(2048, 2048), _Variable(16)]
     return auto_plan.choose(
@@ -310,7 +310,9 @@ def test_auto_measures_the_replicas_and_prints_its_table(
         assert len(bucket.seconds) == 2
         assert bucket.choice == auto_plan.pick(opt.compressor, bucket.seconds)
     printed = capsys.readouterr().out
-    assert "| bucket | tensors | elements | MiB | Identity ms" in printed
+    assert (
+        "| bucket | units | tensors | elements | MiB | Identity ms" in printed
+    )
     assert plan.table() in printed
     # The plan's compressors are the optimizer's.
     for bucket in plan.buckets:
@@ -340,6 +342,73 @@ def test_a_plan_of_one_codec_trains_as_that_codec(mirrored):
 
 def _topk():
     return compressors.TopK(0.1)
+
+
+ACPSGD = compressors.ACPSGD(rank=2)
+
+
+def _acpsgd_plan(choices):
+    return lambda: compressors.Auto(
+        candidates=["identity", ACPSGD], choices=choices, verbose=False
+    )
+
+
+def test_units_that_chose_a_codec_with_its_own_buckets_are_joined(mirrored):
+    """ACP-SGD sizes its buckets by what it sends: units that chose it
+    side by side become one exchange bucket, as ACP-SGD alone makes; the
+    plan's choices stay one per unit, to be given back."""
+    for choices, groups in (
+        ([1, 1, 1, 1], [(5, 4, 3, 2, 1, 0)]),
+        ([1, 1, 0, 1], [(5, 4, 3, 2), (1,), (0,)]),
+        ([0, 0, 1, 1], [(5, 4, 3), (2,), (1, 0)]),
+    ):
+        model, opt = _planned(mirrored, _acpsgd_plan(choices)())
+        with mirrored.scope():
+            opt.build(model.trainable_variables)
+        assert [b.variables for b in opt.plan.buckets] == groups
+        assert opt.plan.choices == tuple(choices)
+        assert sum(b.units for b in opt.plan.buckets) == 4
+    # Dense units are never joined, nor a codec without sizes of its own.
+    model, opt = _planned(mirrored, _auto([1, 1, 1, 1])())
+    with mirrored.scope():
+        opt.build(model.trainable_variables)
+    assert len(opt.plan.buckets) == 4
+
+
+def test_a_join_stays_within_the_codecs_own_bucket_size():
+    small = compressors.ACPSGD(rank=1, bucket_bytes=100)
+    settings = planning.Settings(
+        compressors.Auto(candidates=["identity", small]),
+        _FourWorkers(),
+        True,
+        0,
+        0,
+        0,
+    )
+    variables = [_Variable(8, 8), _Variable(8), _Variable(8, 8), _Variable(8)]
+    units = [[3, 2], [1, 0]]
+    # Each unit sends, in either phase, one 8-float factor of its kernel
+    # and its bias dense: 64 bytes; two would be 128, over 100.
+    joined = auto_plan.join(
+        settings, variables, units, [1, 1], settings.communicator
+    )
+    assert joined == [([3, 2], 1, 1), ([1, 0], 1, 1)]
+    roomy = settings._replace(
+        compressor=compressors.Auto(
+            candidates=["identity", compressors.ACPSGD(rank=1)]
+        )
+    )
+    joined = auto_plan.join(roomy, variables, units, [1, 1], roomy.communicator)
+    assert joined == [([3, 2, 1, 0], 1, 2)]
+
+
+def test_a_plan_of_a_codec_with_its_own_buckets_trains_as_that_codec(
+    mirrored,
+):
+    planned = _fit(mirrored, _acpsgd_plan([1] * 4), 600, {})
+    alone = _fit(mirrored, lambda: ACPSGD, 600, {})
+    for a, b in zip(planned, alone):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_a_mixed_plan_sends_each_bucket_by_its_codec(mirrored):

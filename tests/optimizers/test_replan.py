@@ -282,3 +282,57 @@ def test_trials_take_turns_and_keep_the_shortest_median_span():
     after = replan.trial_exchanges(auto, measured)
     assert after == len(seen) and seen[after - 2] != seen[after - 1]
     assert replan.trial_exchanges(auto, plan) == 0
+
+
+def test_a_checkpoint_of_other_buckets_keeps_this_runs_plan(
+    mirrored, monkeypatch, tmp_path
+):
+    """Measured again after a restart, the plan may join other buckets:
+    the weights and compressor states are restored, the plan's own
+    variables (other shapes) stay this run's, with a warning."""
+    acpsgd = compressors.ACPSGD(rank=1)
+
+    def make(choice):
+        monkeypatch.setattr(auto_plan, "pick", lambda auto, seconds: choice)
+        auto = compressors.Auto(
+            candidates=["identity", acpsgd], replan_every=100, verbose=False
+        )
+        model, opt = _planned(mirrored, auto, min_compress_size=0)
+        with mirrored.scope():
+            opt.build(model.trainable_variables)
+        return model, opt
+
+    def kept(opt):
+        plan = {id(v) for v in opt._plan_variables}
+        return [
+            v.numpy()
+            for v in opt._saver.per_replica_variables()
+            if id(v) not in plan
+        ]
+
+    model, opt = make(1)  # ACP-SGD everywhere: one bucket
+    assert len(opt.plan.buckets) == 1
+    x = np.random.default_rng(0).normal(size=(96, 12)).astype("float32")
+    model.fit(x, np.zeros((96, 4)), batch_size=32, verbose=0)
+    path = str(tmp_path / "joined.weights.h5")
+    model.save_weights(path)
+    again, again_opt = make(0)  # dense everywhere: four buckets
+    assert len(again_opt.plan.buckets) == 4
+    with pytest.warns(UserWarning, match="plan of other buckets"):
+        again.load_weights(path)
+    assert again_opt.plan.choices == (0, 0, 0, 0)
+    for a, b in zip(kept(again_opt), kept(opt)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(again.weights, model.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    again.fit(x, np.zeros((96, 4)), batch_size=32, verbose=0)
+    assert all(np.isfinite(w.numpy()).all() for w in again.weights)
+
+
+def test_a_checkpoint_of_another_model_is_refused_by_name(mirrored, tmp_path):
+    model, opt = _planned(mirrored, compressors.TopK(0.1))
+    x = np.random.default_rng(0).normal(size=(32, 12)).astype("float32")
+    model.fit(x, np.zeros((32, 4)), batch_size=32, verbose=0)
+    stacked = [np.zeros((1, 3))] * len(opt._saver.per_replica_variables())
+    with pytest.raises(ValueError, match="with shape \\(3,\\) and this one"):
+        opt._saver.restore(1, stacked)

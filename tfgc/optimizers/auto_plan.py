@@ -1,17 +1,20 @@
 """The planner behind `tfgc.compressors.Auto`: a codec per exchange bucket,
 chosen from measurements of this cluster, the same on every worker.
 
-When the optimizer is built, the gradients are cut into buckets as the
-exchange cuts them (`bucket_bytes`, from the last variable backwards).
+When the optimizer is built, the gradients are cut into planning units as
+the exchange cuts them (`bucket_bytes` of gradients, from the last variable
+backwards).
 The planner then measures this cluster's all-reduce and all-gather
 (`probe.collective_costs`) and each candidate's compute on this device
 (`codec_timing`: compress, local decompress and error feedback, on two
 synthetic workloads of heavy-tailed values), averages every number over the
-workers, predicts each bucket's exchange time under every candidate
-(`tfgc.core.bucket_costs`) and gives the bucket the fastest, unless
+workers, predicts each unit's exchange time under every candidate
+(`tfgc.core.bucket_costs`) and gives the unit the fastest, unless
 that one compresses and is within `Auto.min_speedup` of the fastest
-dense one. Every worker computes the same choices from the same
-numbers.
+dense one. Neighbouring units that chose a codec which sizes its own
+buckets (ACP-SGD, by what it sends) are then joined as that codec joins
+them on its own (`join`): the exchange buckets. Every worker computes the
+same choices from the same numbers.
 
 See docs/algorithms.md, "The planner".
 """
@@ -57,6 +60,7 @@ class BucketChoice(NamedTuple):
         compute: per candidate, the part of `seconds` its codec computes
             on the device (the rest is its collectives); empty where not
             measured.
+        units: the planning units it joins (`join`), in exchange order.
     """
 
     variables: tuple[int, ...]
@@ -66,6 +70,7 @@ class BucketChoice(NamedTuple):
     dense_seconds: float | None
     choice: int
     compute: tuple[float, ...] = ()
+    units: int = 1
 
 
 class AutoPlan(NamedTuple):
@@ -92,8 +97,13 @@ class AutoPlan(NamedTuple):
 
     @property
     def choices(self) -> tuple[int, ...]:
-        """Per bucket, the index of its candidate: `Auto(choices=...)`
-        keeps this plan in another run."""
+        """Per planning unit (`buckets`), the index of its candidate:
+        `Auto(choices=...)` keeps this plan in another run."""
+        return tuple(b.choice for b in self.buckets for _ in range(b.units))
+
+    @property
+    def bucket_choices(self) -> tuple[int, ...]:
+        """Per exchange bucket, the index of its candidate."""
         return tuple(b.choice for b in self.buckets)
 
     @property
@@ -117,7 +127,7 @@ class AutoPlan(NamedTuple):
         """The plan as a Markdown table, with its totals."""
         names = self.labels
         measured = self.collectives is not None
-        head = ["bucket", "tensors", "elements", "MiB"]
+        head = ["bucket", "units", "tensors", "elements", "MiB"]
         if measured:
             head += [f"{n} ms" for n in names] + ["dense fp32 ms"]
         head.append("choice")
@@ -130,6 +140,7 @@ class AutoPlan(NamedTuple):
         for number, b in enumerate(self.buckets):
             cells = [
                 str(number),
+                str(b.units),
                 str(len(b.variables)),
                 f"{b.elements:,}",
                 f"{b.nbytes / 2**20:.2f}",
@@ -203,8 +214,9 @@ def check_arguments(auto, communicator, error_feedback: bool) -> None:
 
 
 def buckets(var_list, bucket_bytes: int | None) -> list[list[int]]:
-    """The exchange's buckets of the variables whose gradients travel,
-    as indices into `var_list` (`exchange.buckets` by gradient bytes)."""
+    """The planning units: the exchange's buckets of the variables whose
+    gradients travel, as indices into `var_list` (`exchange.buckets` by
+    gradient bytes)."""
     travel = [
         i
         for i, v in enumerate(var_list)
@@ -272,26 +284,30 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
     """The plan for `var_list` (call where the optimizer is built: in a
     cross-replica context, outside `tf.function`, on every worker)."""
     auto = settings.compressor
-    groups = buckets(var_list, bucket_bytes)
+    units = buckets(var_list, bucket_bytes)
     peers = communicator.num_peers
+
+    def unmeasured(choices, reason):
+        joined = join(settings, var_list, units, choices, communicator)
+        chosen = tuple(
+            _bucket(var_list, g, (), None, c, units=n) for g, c, n in joined
+        )
+        return AutoPlan(auto.candidates, chosen, peers, None, (), reason)
+
     if auto.choices is not None:
-        if len(auto.choices) != len(groups):
+        if len(auto.choices) != len(units):
             raise ValueError(
                 f"Auto(choices=...) names {len(auto.choices)} buckets and "
-                f"this model's gradients make {len(groups)} (bucket_bytes="
+                f"this model's gradients make {len(units)} (bucket_bytes="
                 f"{bucket_bytes}). Pass the plan made for this model and "
                 "bucket_bytes, or choices=None to plan again."
             )
-        return _unmeasured(auto, var_list, groups, auto.choices, peers, "given")
+        return unmeasured(auto.choices, "given")
     if peers == 1:
-        fixed = [_fallback(auto.candidates)] * len(groups)
-        reason = "one worker, nothing to exchange"
-        return _unmeasured(auto, var_list, groups, fixed, peers, reason)
+        fixed = [_fallback(auto.candidates)] * len(units)
+        return unmeasured(fixed, "one worker, nothing to exchange")
     if len(auto.candidates) == 1:
-        fixed = [0] * len(groups)
-        return _unmeasured(
-            auto, var_list, groups, fixed, peers, "one candidate"
-        )
+        return unmeasured([0] * len(units), "one candidate")
     _refuse_in_function()
     strategy = tf.distribute.get_strategy()
     options = communicator.options
@@ -310,9 +326,19 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
         CodecCosts(*agreed[2 * i : 2 * i + 2])
         for i in range(len(auto.candidates))
     )
-    chosen = choose(
-        settings, var_list, groups, communicator, collectives, codecs
+    per_unit = choose(
+        settings, var_list, units, communicator, collectives, codecs
     )
+    joined = join(
+        settings, var_list, units, [b.choice for b in per_unit], communicator
+    )
+    chosen = []
+    for g, c, n in joined:
+        seconds, dense, compute = price(
+            settings, var_list, g, communicator, collectives, codecs
+        )
+        chosen.append(_bucket(var_list, g, seconds, dense, c, compute, n))
+    chosen = tuple(chosen)
     return AutoPlan(
         auto.candidates,
         chosen,
@@ -322,6 +348,50 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
         "measured on this cluster, the fastest predicted per bucket",
         contenders(auto, chosen) if auto.trial_steps else (),
     )
+
+
+def join(
+    settings, var_list, units, choices, communicator
+) -> list[tuple[list[int], int, int]]:
+    """The exchange buckets of `units` (planning units, indices into
+    `var_list`) given each one's candidate (`choices`), as (variables,
+    candidate, units joined). A codec that sizes its own buckets
+    (`spec.bucket_bytes`: ACP-SGD, by what it sends) is not cut by the
+    gradient bytes of the units: neighbouring units that chose it are
+    joined, whole, while what it counts of them stays within its size in
+    each of its phases, as it joins its tensors on its own. Every other
+    unit is an exchange bucket of its own."""
+    out: list[tuple[list[int], int, int]] = []
+    size = 0
+    for group, choice in zip(units, choices):
+        candidate = settings.compressor.candidates[choice]
+        limit = candidate.spec.bucket_bytes
+        own = _own_sizes(settings, candidate, var_list, group, communicator)
+        if out and limit and out[-1][1] == choice:
+            together = [a + b for a, b in zip(size, own)]
+            if max(together) <= limit:
+                variables, _, count = out[-1]
+                out[-1] = (variables + list(group), choice, count + 1)
+                size = together
+                continue
+        out.append((list(group), choice, 1))
+        size = own
+    return out
+
+
+def _own_sizes(settings, candidate, var_list, group, communicator):
+    """Per phase of `candidate`, the bytes it counts against its own
+    bucket size for the variables of `group`: what it sends, or their
+    gradients (zeros: it sizes no buckets of its own)."""
+    spec = candidate.spec
+    variables = [var_list[i] for i in group]
+    if not spec.bucket_bytes:
+        return [0]
+    if not spec.buckets_by_payload:
+        return [planning.dense_bytes(variables)]
+    peers = communicator.num_peers
+    phases = _loads(settings, candidate, variables, communicator, peers)
+    return [sum(t.nbytes for t in loads) for loads in phases]
 
 
 def contenders(auto, buckets) -> tuple[tuple[int, ...], ...]:
@@ -350,32 +420,41 @@ def choose(
     settings, var_list, groups, communicator, collectives, codecs
 ) -> tuple[BucketChoice, ...]:
     """Per bucket (`groups`, indices into `var_list`), every candidate's
-    predicted exchange seconds from the measured costs, and the fastest
-    (the first of equals)."""
-    auto = settings.compressor
-    peers = communicator.num_peers
-    free = CodecCosts(0.0, 0.0)
+    predicted exchange seconds from the measured costs (`price`), and the
+    fastest (`pick`)."""
     chosen = []
     for g in groups:
-        variables = [var_list[i] for i in g]
-        loads = [
-            _loads(settings, c, variables, communicator, peers)
-            for c in auto.candidates
-        ]
-        seconds = tuple(
-            bucket_costs.bucket_seconds(load, codec, collectives)
-            for load, codec in zip(loads, codecs)
+        seconds, dense, compute = price(
+            settings, var_list, g, communicator, collectives, codecs
         )
-        compute = tuple(
-            bucket_costs.codec_seconds(load, codec)
-            for load, codec in zip(loads, codecs)
-        )
-        dense = bucket_costs.bucket_seconds(
-            _dense_loads(variables, communicator), free, collectives
-        )
-        choice = pick(auto, seconds)
+        choice = pick(settings.compressor, seconds)
         chosen.append(_bucket(var_list, g, seconds, dense, choice, compute))
     return tuple(chosen)
+
+
+def price(settings, var_list, group, communicator, collectives, codecs):
+    """The bucket of `group`'s predicted exchange seconds: (per candidate,
+    in dense fp32, per candidate the part its codec computes)."""
+    peers = communicator.num_peers
+    variables = [var_list[i] for i in group]
+    loads = [
+        _loads(settings, c, variables, communicator, peers)
+        for c in settings.compressor.candidates
+    ]
+    seconds = tuple(
+        bucket_costs.bucket_seconds(load, codec, collectives)
+        for load, codec in zip(loads, codecs)
+    )
+    compute = tuple(
+        bucket_costs.codec_seconds(load, codec)
+        for load, codec in zip(loads, codecs)
+    )
+    dense = bucket_costs.bucket_seconds(
+        _dense_loads(variables, communicator),
+        CodecCosts(0.0, 0.0),
+        collectives,
+    )
+    return seconds, dense, compute
 
 
 def pick(auto, seconds) -> int:
@@ -403,7 +482,7 @@ def is_dense(candidate) -> bool:
 
 
 def _bucket(
-    var_list, group, seconds, dense, choice, compute=()
+    var_list, group, seconds, dense, choice, compute=(), units=1
 ) -> BucketChoice:
     variables = [var_list[i] for i in group]
     return BucketChoice(
@@ -414,15 +493,8 @@ def _bucket(
         dense,
         choice,
         compute,
+        units,
     )
-
-
-def _unmeasured(auto, var_list, groups, choices, peers, reason) -> AutoPlan:
-    """A plan whose choices were not made from measurements."""
-    chosen = tuple(
-        _bucket(var_list, g, (), None, c) for g, c in zip(groups, choices)
-    )
-    return AutoPlan(auto.candidates, chosen, peers, None, (), reason)
 
 
 def _fallback(candidates) -> int:
@@ -457,7 +529,8 @@ def _close(seconds: float, chosen: float, auto) -> bool:
 
 
 def with_choices(plan: AutoPlan, choices) -> AutoPlan:
-    """`plan` with each bucket's candidate replaced by `choices`."""
+    """`plan` with each exchange bucket's candidate replaced by `choices`
+    (one per bucket, as `AutoPlan.bucket_choices`)."""
     buckets = tuple(
         b._replace(choice=int(c)) for b, c in zip(plan.buckets, choices)
     )

@@ -166,6 +166,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         self._network_cost = net.cost
         settings = planning.Settings.of(self)
         self._auto_plan = self._selector = assigned = None
+        self._plan_variables = []
         if isinstance(self.compressor, compressors_lib.Auto):
             self._auto_plan, self._selector, assigned = self._plan_buckets(
                 settings, var_list, net
@@ -188,6 +189,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             lambda: self.variables,
             self._regroup_replica_state,
             self.name,
+            lambda: self._plan_variables,
         )
         # tf.train.Checkpoint saves one replica's value of each variable;
         # this entry adds every replica's (restored after the variables).
@@ -350,12 +352,14 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             print(plan.table(), flush=True)
         if not replan.enabled(self.compressor, plan):
             return plan, None, auto_plan.assignments(plan, len(var_list))
-        selector = self.add_variable(
+        selector = self._add_plan_variable(
             shape=(len(plan.buckets),),
             dtype="int32",
             aggregation="none",
             name="plan_choices",
-            initializer=lambda shape, dtype: tf.constant(plan.choices, dtype),
+            initializer=lambda shape, dtype: tf.constant(
+                plan.bucket_choices, dtype
+            ),
         )
         assigned = auto_plan.switchable_assignments(
             settings,
@@ -373,19 +377,21 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         plan = self._auto_plan
         if plan is None or plan.collectives is None:
             return None
-        clock = plan_clock.Clock.create(self.add_variable, len(plan.buckets))
+        clock = plan_clock.Clock.create(
+            self._add_plan_variable, len(plan.buckets)
+        )
         table = tuple(b.seconds for b in plan.buckets)
         compute = tuple(b.compute for b in plan.buckets)
         if self._selector is None:
             return plan_clock.Timing(
                 clock,
                 table,
-                plan.choices,
+                plan.bucket_choices,
                 self.compressor.check_after,
                 compute=compute,
             )
         planner = replan.Replanner.create(
-            self.add_variable,
+            self._add_plan_variable,
             self.compressor,
             plan,
             tuple(auto_plan.is_dense(c) for c in plan.candidates),
@@ -398,6 +404,14 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             planner,
             compute,
         )
+
+    def _add_plan_variable(self, **kwargs):
+        """A variable of the plan's buckets (its choices, timings and
+        trials): its shape follows this run's measurements, so a checkpoint
+        of another plan keeps it as built (`replica_state.Saver`)."""
+        variable = self.add_variable(**kwargs)
+        self._plan_variables.append(variable)
+        return variable
 
     def plan_report(self):
         """With a measured `plan`: its predicted exchange against the

@@ -143,13 +143,19 @@ class Saver:
             rows saved with another number of replicas (a list in
             `per_replica_variables` order), for `replicas` replicas.
         name: the optimizer's name, for messages.
+        remade: returns the per-replica variables whose shapes were made
+            from this run's measurements at build (the planner's: one
+            value per bucket of its plan). Where the saved ones have other
+            shapes (the checkpoint's plan cut other buckets), this run's
+            are kept, with a warning; every other variable must fit.
     """
 
-    def __init__(self, strategy, variables, regroup, name: str):
+    def __init__(self, strategy, variables, regroup, name: str, remade=list):
         self._strategy = strategy
         self._variables = variables
         self._regroup = regroup
         self._name = name
+        self._remade = remade
 
     def per_replica_variables(self) -> list:
         """The variables each replica keeps its own value of, in order."""
@@ -210,9 +216,16 @@ class Saver:
         so nothing that was not yet sent is lost; the other compressor
         state from its initial value), with a warning."""
         replicas = self._strategy.num_replicas_in_sync
+        variables = self.per_replica_variables()
+        kept = self._misfits(variables, stacked)
         if saved != replicas:
             stacked = self._regroup(stacked, replicas)
-        scatter(self._strategy, self.per_replica_variables(), stacked)
+        if kept:
+            pairs = [
+                (v, s) for v, s in zip(variables, stacked) if id(v) not in kept
+            ]
+            variables, stacked = [v for v, _ in pairs], [s for _, s in pairs]
+        scatter(self._strategy, variables, stacked)
         if saved == replicas:
             return
         warnings.warn(
@@ -225,3 +238,36 @@ class Saver:
             "inner optimizer's state and the step are restored.",
             stacklevel=4,
         )
+
+    def _misfits(self, variables, stacked) -> set[int]:
+        """The ids of the variables to keep as they are: every `remade`
+        one where any of them does not fit its saved rows. Raises where
+        another variable does not fit."""
+        remade = {id(v) for v in self._remade()}
+        misfits = [
+            (v, tuple(np.shape(rows)[1:]))
+            for v, rows in zip(variables, stacked)
+            if tuple(np.shape(rows)[1:]) != tuple(v.shape)
+        ]
+        for v, shape in misfits:
+            if id(v) not in remade:
+                raise ValueError(
+                    f"The saved optimizer {self._name!r} holds "
+                    f"{v.name!r} with shape {shape} and this one with "
+                    f"shape {tuple(v.shape)}: it was "
+                    "saved with another model, compressor or inner "
+                    "optimizer. Build the same configuration to load it."
+                )
+        if not misfits:
+            return set()
+        warnings.warn(
+            f"The optimizer {self._name!r} was saved with a plan of other "
+            "buckets than the one this run measured at build "
+            "(compressor='auto'): this run's plan is kept, its timings and "
+            "trials from the start; the weights and every compressor's "
+            "state are restored. To keep the saved plan, build with "
+            "Auto(choices=...) set to the saved run's `optimizer.plan."
+            "choices`.",
+            stacklevel=4,
+        )
+        return remade
