@@ -284,6 +284,48 @@ def test_trials_take_turns_and_keep_the_shortest_median_span():
     assert replan.trial_exchanges(auto, plan) == 0
 
 
+class _TwoWorkers:
+    """The other worker's spans are `other`'s (an all-gather of two)."""
+
+    size = 2
+
+    def __init__(self, other):
+        self.other = tf.constant(other, tf.float64)
+
+    def all_gather(self, value):
+        return tf.stack([value, self.other])
+
+
+def test_the_trials_count_the_span_of_the_worker_ready_last():
+    """Of each step, the shortest span over the workers: the other ones
+    waited for the last. Here this worker waits long in every (1, 1)
+    step, which the other, ready last, shows to be the fastest."""
+    clock = _clock(1)
+    choices = tf.Variable([0], dtype=tf.int32)
+
+    def add_variable(shape, dtype, aggregation, name, initializer):
+        del aggregation
+        make = tf.ones if initializer == "ones" else tf.zeros
+        return tf.Variable(make(shape, dtype), name=name)
+
+    auto = compressors.Auto(candidates=["identity", "topk"], trial_steps=1)
+    plan = auto_plan.AutoPlan(
+        auto.candidates, (_bucket(1.0, 1.0),), 2, None, (), "test", ((0,), (1,))
+    )
+    planner = replan.Replanner.create(add_variable, auto, plan, (True, False))
+    timing = plan_clock.Timing(clock, ((1.0, 1.0),), choices, None, planner)
+    mine, other = [1.0, 3.0], [1.2, 0.6]  # per trial step: (0,), then (1,)
+    t = 0.0
+    for step, span in enumerate([0.1] * plan_clock.SETTLE + mine):
+        t += 9.0
+        stamps = tf.constant([[t], [t + span]], tf.float64)
+        plan_clock.record(clock, tf.unstack(stamps[0]), tf.unstack(stamps[1]))
+        group = _TwoWorkers(other if step >= plan_clock.SETTLE else [0.0, 0.0])
+        replan.step_end(timing, group, stamps[1, -1] - stamps[0, 0])
+    assert choices.numpy().tolist() == [1]
+    # The mean over the workers (1.1 against 1.8) would have kept (0,).
+
+
 def test_a_checkpoint_of_other_buckets_keeps_this_runs_plan(
     mirrored, monkeypatch, tmp_path
 ):

@@ -101,8 +101,9 @@ class Auto(Compressor):
             predictions are within `trial_margin` of each other; the
             plans that differ by such candidates (at most 6) take turns
             step by step for this many rounds, and the one whose steps'
-            exchanges (first bucket ready to last bucket done, averaged
-            over the workers) have the shortest median is kept. None:
+            exchanges (first bucket ready to last bucket done, on the
+            worker ready last: the shortest over the workers) have the
+            shortest median is kept. None:
             the predicted plan, untried.
         trial_margin: how close (a factor) a candidate's prediction for
             a bucket must be to the chosen one's to be tried there. The

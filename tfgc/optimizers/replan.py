@@ -6,8 +6,11 @@ turns step by step for W rounds (in reverse order every other round),
 so that a slow spell of the machine falls on each alike. Each step is
 measured by its span, from its first bucket's gradients to its last
 bucket's sums (a step's period would also carry the previous step's
-exchange, another contender's); the spans are averaged over the workers,
-and the contender with the shortest median span wins.
+exchange, another contender's). Of each step the shortest span over the
+workers counts: that of the worker whose gradients were ready last, which
+waits for no one (every other worker's span adds its wait for that one,
+the workers' skew, not the codec's cost); the contender with the
+shortest median of those wins.
 
 Revisions (`Auto(replan_every=N)`): every N steps after the trials the
 planner's predictions are corrected by what each codec measured, and
@@ -167,6 +170,15 @@ def _agreed(value: tf.Tensor, group) -> tf.Tensor:
     return group.all_reduce(value) / group.size
 
 
+def _critical(value: tf.Tensor, group) -> tf.Tensor:
+    """Per element of the float64 [n] `value` (exchange spans), the
+    shortest over the workers: the span of the worker ready last, which
+    waits for no other, the exchange on the step's critical path."""
+    if group.size == 1:
+        return value
+    return tf.reduce_min(group.all_gather(value), axis=0)
+
+
 def _turn(slot, count: int):
     """The contender of the trials' step `slot` (0-based): in order in
     even rounds, in reverse in odd ones, so that a contender's steps
@@ -180,7 +192,8 @@ def trial_spans(planner: Replanner) -> tuple[tuple[float, ...], ...]:
     """This worker's spans (seconds) of each contender's trial steps,
     [contenders][rounds], in `contenders` order (zeros for steps not yet
     run); () without trials. The trials keep the shortest median of
-    these averaged over the workers. Call outside `tf.function`."""
+    these, each the shortest over the workers (`_critical`). Call outside
+    `tf.function`."""
     if len(planner.contenders) < 2:
         return ()
     rounds = _by_contender(planner.spans, planner.window).numpy()
@@ -198,7 +211,8 @@ def _by_contender(spans, window: int) -> tf.Tensor:
 def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
     """In the trials, counted step c ran contender `_turn(c - 1)`: its
     span is kept, and the next contender takes over; after the last
-    round the one with the shortest median span (agreed)."""
+    round the one with the shortest median span (`_critical`: the same
+    on every worker)."""
     clock, planner = timing.clock, timing.replanner
     count, window = len(planner.contenders), planner.window
     step = tf.cast(_counted(clock), tf.int32)  # this exchange's, from 1
@@ -212,7 +226,7 @@ def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
             timing.choices.assign(tf.gather(plans, _turn(step, count)))
 
         def settle():
-            rounds = _by_contender(_agreed(spans, group), window)
+            rounds = _by_contender(_critical(spans, group), window)
             ordered = tf.sort(rounds, axis=0)
             median = (ordered[(window - 1) // 2] + ordered[window // 2]) / 2
             best = tf.argmin(median, output_type=tf.int32)
