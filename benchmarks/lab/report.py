@@ -241,9 +241,11 @@ def plan_lines(rows: list[dict]) -> list[str]:
         found = plan.get("report")
         if found:
             # The step measured here with the predicted exposed exchange
-            # in place of the measured one (the plan's own clock would
-            # count the other cases' steps when they are interleaved).
-            predicted = t - found["exposed"] + found["predicted_exposed"]
+            # in place of the measured one, that of the worker ready last
+            # (the plan's own clock would count the other cases' steps
+            # when they are interleaved).
+            measured = found.get("critical", found["exposed"])
+            predicted = t - measured + found["predicted_exposed"]
             lines.append(
                 f"Predicted step (this step with the exchange left after "
                 f"the last gradient as predicted in place of as measured "

@@ -419,7 +419,8 @@ def test_plan_lines_set_auto_beside_fixed_cases_and_its_twin():
         "table": "caption\n| bucket |",
         "report": {
             "exchanges": 5,
-            "exposed": 0.2,
+            "exposed": 0.25,
+            "critical": 0.2,
             "predicted_exposed": 0.1,
             "busy": [0.3],
             "predicted_busy": [0.25],
@@ -439,7 +440,8 @@ def test_plan_lines_set_auto_beside_fixed_cases_and_its_twin():
     assert "best fixed case (1,000.0 ms): 1.10x" in text
     assert "built without the trials' switch" in text
     assert "880.0 ms, auto 1.25x that" in text
-    # Predicted: the measured 1.1 s less 0.2 exposed plus 0.1 predicted.
+    # Predicted: the measured 1.1 s less the 0.2 s the worker ready last
+    # left exposed (not this worker's 0.25) plus 0.1 predicted.
     assert "1,000.0 ms, measured here 1,100.0 ms (-9 %)" in text
     # Each plan tried: the median of its trial spans.
     assert "in the order tried: 200.0; 400.0 ms." in text

@@ -493,8 +493,40 @@ def test_the_clock_times_each_bucket_from_when_it_could_start():
     )
 
 
+class _WorkerReadyLast:
+    """A group of two whose other worker was ready `later` seconds after
+    this one, so its exchange after the last gradient was that shorter."""
+
+    size = 2
+
+    def __init__(self, later):
+        self.later = later
+
+    def all_gather(self, value):
+        return tf.stack([value, value - self.later])
+
+
+def test_the_prediction_keeps_the_wait_for_the_worker_ready_last():
+    clock = _clock(1)
+    # This worker's gradients are ready at 0 s, its sums at 3 s; the
+    # other worker's were ready at 2 s: this one waited 2 s of the 3.
+    for n in range(plan_clock.SETTLE + 2):
+        t = 10.0 * n
+        stamps = tf.constant([[t], [t + 3.0]], tf.float64)
+        plan_clock.record(
+            clock, tf.unstack(stamps[0]), tf.unstack(stamps[1]),
+            _WorkerReadyLast(2.0),
+        )  # fmt: skip
+    found = plan_clock.report([v.numpy() for v in clock.sums()], (0.5,))
+    assert found.exposed == pytest.approx(3.0)
+    assert found.critical == pytest.approx(1.0)
+    # The 2 s wait stays; the exchange's own 1 s is predicted as 0.5 s.
+    assert found.predicted_step == pytest.approx(10.0 - 1.0 + 0.5)
+    assert "2000.0 ms waiting for other workers" in found.text()
+
+
 def test_a_prediction_far_off_is_warned_about():
-    off = plan_clock.PlanReport(10, 1.0, 1.3, (0.5,), (0.8,), 0.2, 0.5)
+    off = plan_clock.PlanReport(10, 1.0, 1.3, (0.5,), (0.8,), 0.2, 0.5, 0.2)
     with pytest.warns(UserWarning, match=r"predicted 1300.0 ms \(\+30 %\)"):
         plan_clock.warn_if_off(off)
     close = off._replace(predicted_step=1.2)

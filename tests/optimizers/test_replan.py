@@ -83,21 +83,19 @@ class _OneWorker:
     size = 1
 
 
+def _add_variable(shape, dtype, aggregation, name, initializer):
+    """`add_variable` for a `Replanner` outside an optimizer."""
+    del aggregation
+    make = tf.ones if initializer == "ones" else tf.zeros
+    return tf.Variable(make(shape, dtype), name=name)
+
+
 def test_a_revision_corrects_each_codec_by_what_it_measured():
     """Bucket 0 sent TopK, predicted 0.5 s, measured 1.5 s; bucket 1 sent
     dense as predicted (1 s). TopK's factor becomes 3: bucket 0 goes
     dense (1 s against 1.5 s corrected)."""
     clock = _clock(2)
     choices = tf.Variable([1, 0], dtype=tf.int32)
-
-    def add_variable(shape, dtype, aggregation, name, initializer):
-        del aggregation
-        return tf.Variable(
-            tf.ones(shape, dtype)
-            if initializer == "ones"
-            else tf.zeros(shape, dtype),
-            name=name,
-        )
 
     auto = compressors.Auto(candidates=["identity", "topk"], replan_every=2)
     plan = auto_plan.AutoPlan(
@@ -108,7 +106,7 @@ def test_a_revision_corrects_each_codec_by_what_it_measured():
         (),
         "test",
     )
-    planner = replan.Replanner.create(add_variable, auto, plan, (True, False))
+    planner = replan.Replanner.create(_add_variable, auto, plan, (True, False))
     timing = plan_clock.Timing(
         clock, ((1.0, 0.5), (1.0, 2.0)), choices, None, planner
     )
@@ -232,11 +230,6 @@ def test_trials_take_turns_and_keep_the_shortest_median_span():
     clock = _clock(2)
     choices = tf.Variable([0, 0], dtype=tf.int32)
 
-    def add_variable(shape, dtype, aggregation, name, initializer):
-        del aggregation
-        make = tf.ones if initializer == "ones" else tf.zeros
-        return tf.Variable(make(shape, dtype), name=name)
-
     auto = compressors.Auto(candidates=["identity", "topk"], trial_steps=3)
     plan = auto_plan.AutoPlan(
         auto.candidates,
@@ -247,7 +240,7 @@ def test_trials_take_turns_and_keep_the_shortest_median_span():
         "test",
         ((0, 0), (1, 1), (1, 0)),
     )
-    planner = replan.Replanner.create(add_variable, auto, plan, (True, False))
+    planner = replan.Replanner.create(_add_variable, auto, plan, (True, False))
     timing = plan_clock.Timing(
         clock, ((1.0, 1.0), (1.0, 1.0)), choices, None, planner
     )
@@ -303,16 +296,11 @@ def test_the_trials_count_the_span_of_the_worker_ready_last():
     clock = _clock(1)
     choices = tf.Variable([0], dtype=tf.int32)
 
-    def add_variable(shape, dtype, aggregation, name, initializer):
-        del aggregation
-        make = tf.ones if initializer == "ones" else tf.zeros
-        return tf.Variable(make(shape, dtype), name=name)
-
     auto = compressors.Auto(candidates=["identity", "topk"], trial_steps=1)
     plan = auto_plan.AutoPlan(
         auto.candidates, (_bucket(1.0, 1.0),), 2, None, (), "test", ((0,), (1,))
     )
-    planner = replan.Replanner.create(add_variable, auto, plan, (True, False))
+    planner = replan.Replanner.create(_add_variable, auto, plan, (True, False))
     timing = plan_clock.Timing(clock, ((1.0, 1.0),), choices, None, planner)
     mine, other = [1.0, 3.0], [1.2, 0.6]  # per trial step: (0,), then (1,)
     t = 0.0

@@ -8,7 +8,11 @@ TensorFlow runs stateful ops that touch no resource (timestamps) in
 program order, so each kind stays in bucket order without waiting on the
 other. The step's period is the time between two exchanges' first ready
 stamps. Sums over the counted exchanges are kept in variables; the first
-`SETTLE` exchanges (tracing, first allocations) are not counted.
+`SETTLE` exchanges (tracing, first allocations) are not counted. The
+exchange left after the last gradient is also summed as the worker whose
+gradients were ready last saw it (one all-gather of a number a step):
+the other workers' includes their wait for that one, the workers' skew,
+which the prediction keeps as measured, as it keeps the backward pass.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ class Clock(NamedTuple):
             (its gradients ready and the previous bucket done) to its end.
         exposed: sum of the time from the last ready stamp to the last
             done stamp: the exchange the backward pass did not hide.
+        critical: the same on the worker whose gradients were ready last
+            (each exchange's shortest over the workers): `exposed` less
+            this worker's wait for that one, the workers' skew.
     """
 
     seen: tf.Variable
@@ -49,6 +56,7 @@ class Clock(NamedTuple):
     offsets: tf.Variable
     busy: tf.Variable
     exposed: tf.Variable
+    critical: tf.Variable
 
     @classmethod
     def create(cls, add_variable: Callable[..., tf.Variable], buckets: int):
@@ -67,11 +75,19 @@ class Clock(NamedTuple):
             made("offsets", (buckets,)),
             made("busy", (buckets,)),
             made("exposed"),
+            made("critical"),
         )
 
     def sums(self) -> list:
         """The values `report` reads, in its order."""
-        return [self.seen, self.period, self.offsets, self.busy, self.exposed]
+        return [
+            self.seen,
+            self.period,
+            self.offsets,
+            self.busy,
+            self.exposed,
+            self.critical,
+        ]
 
 
 class Timing(NamedTuple):
@@ -121,8 +137,10 @@ def stamp_after(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
         return tf.timestamp()
 
 
-def record(clock: Clock, ready: Sequence, done: Sequence) -> None:
-    """Adds one exchange's stamps (per bucket, in exchange order)."""
+def record(clock: Clock, ready: Sequence, done: Sequence, group=None) -> None:
+    """Adds one exchange's stamps (per bucket, in exchange order); with
+    the workers' `group` (one all-gather of a number), the exposed
+    exchange of the worker ready last too."""
     ready, done = tf.stack(ready), tf.stack(done)
     free = tf.concat([ready[:1], done[:-1]], axis=0)  # wire free again
     busy = done - tf.maximum(ready, free)
@@ -131,7 +149,12 @@ def record(clock: Clock, ready: Sequence, done: Sequence) -> None:
     clock.period.assign_add(weight * (ready[0] - clock.previous))
     clock.offsets.assign_add(weight * (ready - ready[0]))
     clock.busy.assign_add(weight * busy)
-    clock.exposed.assign_add(weight * (done[-1] - tf.reduce_max(ready)))
+    exposed = done[-1] - tf.reduce_max(ready)
+    critical = exposed
+    if group is not None and group.size > 1:
+        critical = tf.reduce_min(group.all_gather(exposed[None]))
+    clock.exposed.assign_add(weight * exposed)
+    clock.critical.assign_add(weight * critical)
     clock.previous.assign(ready[0])
     clock.seen.assign_add(1.0)
 
@@ -145,12 +168,16 @@ class PlanReport(NamedTuple):
         step: the measured period between exchanges (one training step,
             or one accumulation of steps).
         predicted_step: the same with the exchange the plan predicts in
-            place of the measured one, from the same backward pass (when
-            each bucket's gradients were ready).
+            place of the measured one (`critical`), from the same
+            backward pass (when each bucket's gradients were ready) and
+            the same wait for the other workers.
         busy: per bucket, its measured exchange.
         predicted_busy: per bucket, its predicted exchange.
         exposed: the measured exchange after the last gradient.
         predicted_exposed: the predicted one.
+        critical: `exposed` on the worker ready last, which waits for no
+            other: the exchange's own part of it (the rest is this
+            worker's wait for that one, which no plan changes).
         trials: with trials, this worker's span of each contender's
             trial steps, [contenders][rounds] (`replan.trial_spans`).
     """
@@ -162,6 +189,7 @@ class PlanReport(NamedTuple):
     predicted_busy: tuple[float, ...]
     exposed: float
     predicted_exposed: float
+    critical: float
     trials: tuple[tuple[float, ...], ...] = ()
 
     @property
@@ -178,8 +206,9 @@ class PlanReport(NamedTuple):
             f"{ms(self.step)}, predicted {ms(self.predicted_step)} "
             f"({100 * self.error:+.0f} %); exchange {ms(sum(self.busy))} "
             f"measured, {ms(sum(self.predicted_busy))} predicted; after the "
-            f"last gradient {ms(self.exposed)} measured, "
-            f"{ms(self.predicted_exposed)} predicted."
+            f"last gradient {ms(self.exposed)} measured (of which "
+            f"{ms(self.exposed - self.critical)} waiting for other "
+            f"workers), {ms(self.predicted_exposed)} predicted."
         )
 
 
@@ -190,13 +219,16 @@ def report(
     tensors) against `predicted` (each bucket's exchange seconds, of
     which `compute` on the device, where known); None before any
     exchange was counted."""
-    seen, period, offsets, busy, exposed = (np.asarray(v) for v in sums)
+    seen, period, offsets, busy, exposed, critical = (
+        np.asarray(v) for v in sums
+    )
     n = int(seen) - SETTLE
     if n <= 0:
         return None
     offsets = offsets / n
     step = float(period) / n
     exposed = float(exposed) / n
+    critical = float(critical) / n
     end = bucket_costs.pipelined_seconds(
         offsets.tolist(),
         list(predicted),
@@ -206,11 +238,12 @@ def report(
     return PlanReport(
         n,
         step,
-        step - exposed + predicted_exposed,
+        step - critical + predicted_exposed,
         tuple((busy / n).tolist()),
         tuple(float(p) for p in predicted),
         exposed,
         predicted_exposed,
+        critical,
     )
 
 
@@ -226,10 +259,10 @@ def warn_if_off(found: PlanReport | None) -> None:
         )
 
 
-def finish(timing: Timing, ready, done, checks: bool) -> None:
-    """Records an exchange's stamps; with `checks` (one replica of the
-    chief) also checks the prediction when due."""
-    record(timing.clock, ready, done)
+def finish(timing: Timing, ready, done, group, checks: bool) -> None:
+    """Records an exchange's stamps (`group`: the workers'); with `checks`
+    (one replica of the chief) also checks the prediction when due."""
+    record(timing.clock, ready, done, group)
     if checks and timing.check_after is not None:
         check_when_due(
             timing.clock,

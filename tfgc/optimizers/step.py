@@ -210,9 +210,10 @@ def exchange_in_buckets(
         traffic = Traffic(*(a + b for a, b in zip(traffic, more)))
     if ready is not None:
         done = [plan_clock.stamp_after([out[i] for i in b]) for b in buckets]
-        plan_clock.finish(timing, ready, done, replica_id() == 0)
+        group = communicator.group()
+        plan_clock.finish(timing, ready, done, group, replica_id() == 0)
         if timing.replanner is not None:
-            replan.step_end(timing, communicator.group(), done[-1] - ready[0])
+            replan.step_end(timing, group, done[-1] - ready[0])
     joined = tf.concat(verdicts, axis=1) if verdicts else None
     return Exchanged(out, traffic, joined, columns, done_plans, states, buckets)
 
