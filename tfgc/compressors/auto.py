@@ -88,9 +88,10 @@ class Auto(Compressor):
             Keras config dicts); default `default_candidates()`. Each must
             send fixed-size payloads through one kind of collective every
             step, without warm-up or local steps (`refusal` says why not).
-        choices: per bucket, the index of its candidate, in exchange order
-            (bucket 0 holds the last variables): the plan of an earlier
-            run (`optimizer.plan.choices`), kept without measuring. None:
+        choices: per planning unit (the gradients cut by the optimizer's
+            `bucket_bytes`), the index of its candidate, in exchange order
+            (unit 0 holds the last variables): the plan of an earlier run
+            (`optimizer.plan.choices`), kept without measuring. None:
             measure and choose when the optimizer is built.
         min_speedup: a compressing candidate gets a bucket only where it
             is predicted at least this many times as fast as the fastest

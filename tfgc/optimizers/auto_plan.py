@@ -97,8 +97,9 @@ class AutoPlan(NamedTuple):
 
     @property
     def choices(self) -> tuple[int, ...]:
-        """Per planning unit (`buckets`), the index of its candidate:
-        `Auto(choices=...)` keeps this plan in another run."""
+        """Per planning unit (the function `buckets`: `bucket_bytes` of
+        gradients each), the index of its candidate: `Auto(choices=...)`
+        keeps this plan in another run."""
         return tuple(b.choice for b in self.buckets for _ in range(b.units))
 
     @property
@@ -362,7 +363,7 @@ def join(
     each of its phases, as it joins its tensors on its own. Every other
     unit is an exchange bucket of its own."""
     out: list[tuple[list[int], int, int]] = []
-    size = 0
+    size: list[int] = []  # the last bucket's, per phase
     for group, choice in zip(units, choices):
         candidate = settings.compressor.candidates[choice]
         limit = candidate.spec.bucket_bytes
@@ -382,7 +383,7 @@ def join(
 def _own_sizes(settings, candidate, var_list, group, communicator):
     """Per phase of `candidate`, the bytes it counts against its own
     bucket size for the variables of `group`: what it sends, or their
-    gradients (zeros: it sizes no buckets of its own)."""
+    gradients ([0]: it sizes no buckets of its own)."""
     spec = candidate.spec
     variables = [var_list[i] for i in group]
     if not spec.bucket_bytes:
