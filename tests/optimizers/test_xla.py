@@ -125,6 +125,24 @@ def test_collectives_refused_under_xla_with_several_replicas(mirrored):
         assert len(set(next_keys)) == 1, dict(zip(devices, next_keys))
 
 
+def test_a_measured_auto_plan_is_refused_under_xla(mirrored):
+    """Its clock stamps each bucket with tf.timestamp, which XLA cannot
+    compile: refused while tracing, before any collective."""
+    with mirrored.scope():
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        optimizer = tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.1),
+            compressors.Auto(
+                candidates=["identity", "fp16"], trial_steps=None, verbose=False
+            ),
+        )
+        model.compile(optimizer, "mse", jit_compile=True)
+    x = np.ones((8, 4), "float32")
+    y = np.ones((8, 2), "float32")
+    with pytest.raises(ValueError, match=f"tf.timestamp.*{FIX}"):
+        model.fit(x, y, batch_size=8, verbose=0)
+
+
 def test_compiling_with_xla_inside_branches_loops_and_replicas(mirrored):
     seen = {}
 

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import tensorflow as tf
 
+from tfgc import ops
 from tfgc.core import bucket_costs
 
 #: Exchanges not counted at the start.
@@ -132,7 +133,14 @@ class Timing(NamedTuple):
 
 
 def stamp_after(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
-    """The time (float64 seconds) once every one of `tensors` exists."""
+    """The time (float64 seconds) once every one of `tensors` exists;
+    refused while tracing for XLA, which has no kernel for it."""
+    ops.refuse_xla(
+        "compressor='auto' times each bucket's exchange with tf.timestamp "
+        "(to check its predictions and run its trials), which XLA has no "
+        "kernel for (a plan given as Auto(choices=...) is not timed)",
+        data_dependent_shape=False,
+    )
     with tf.control_dependencies(list(tensors)):
         return tf.timestamp()
 
