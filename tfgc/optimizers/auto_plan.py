@@ -333,8 +333,13 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
     joined = join(
         settings, var_list, units, [b.choice for b in per_unit], communicator
     )
+    # A unit left alone keeps its prices; joined units are priced again.
+    alone = {b.variables: b for b in per_unit}
     chosen = []
     for g, c, n in joined:
+        if n == 1:
+            chosen.append(alone[tuple(g)])
+            continue
         seconds, dense, compute = price(
             settings, var_list, g, communicator, collectives, codecs
         )

@@ -159,12 +159,21 @@ def record(clock: Clock, ready: Sequence, done: Sequence, group=None) -> None:
     clock.busy.assign_add(weight * busy)
     exposed = done[-1] - tf.reduce_max(ready)
     critical = exposed
-    if group is not None and group.size > 1:
-        critical = tf.reduce_min(group.all_gather(exposed[None]))
+    if group is not None:
+        critical = shortest_over_workers(exposed[None], group)[0]
     clock.exposed.assign_add(weight * exposed)
     clock.critical.assign_add(weight * critical)
     clock.previous.assign(ready[0])
     clock.seen.assign_add(1.0)
+
+
+def shortest_over_workers(value: tf.Tensor, group) -> tf.Tensor:
+    """Per element of the float64 [n] `value` (a time from a bucket's
+    gradients to its sums), the shortest over the workers of `group`: the
+    time on the worker ready last, which waits for no other."""
+    if group.size == 1:
+        return value
+    return tf.reduce_min(group.all_gather(value), axis=0)
 
 
 class PlanReport(NamedTuple):

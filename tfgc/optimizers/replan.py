@@ -170,15 +170,6 @@ def _agreed(value: tf.Tensor, group) -> tf.Tensor:
     return group.all_reduce(value) / group.size
 
 
-def _critical(value: tf.Tensor, group) -> tf.Tensor:
-    """Per element of the float64 [n] `value` (exchange spans), the
-    shortest over the workers: the span of the worker ready last, which
-    waits for no other, the exchange on the step's critical path."""
-    if group.size == 1:
-        return value
-    return tf.reduce_min(group.all_gather(value), axis=0)
-
-
 def _turn(slot, count: int):
     """The contender of the trials' step `slot` (0-based): in order in
     even rounds, in reverse in odd ones, so that a contender's steps
@@ -192,8 +183,8 @@ def trial_spans(planner: Replanner) -> tuple[tuple[float, ...], ...]:
     """This worker's spans (seconds) of each contender's trial steps,
     [contenders][rounds], in `contenders` order (zeros for steps not yet
     run); () without trials. The trials keep the shortest median of
-    these, each the shortest over the workers (`_critical`). Call outside
-    `tf.function`."""
+    these, each the shortest over the workers
+    (`plan_clock.shortest_over_workers`). Call outside `tf.function`."""
     if len(planner.contenders) < 2:
         return ()
     rounds = _by_contender(planner.spans, planner.window).numpy()
@@ -211,8 +202,8 @@ def _by_contender(spans, window: int) -> tf.Tensor:
 def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
     """In the trials, counted step c ran contender `_turn(c - 1)`: its
     span is kept, and the next contender takes over; after the last
-    round the one with the shortest median span (`_critical`: the same
-    on every worker)."""
+    round the one with the shortest median span (each step's shortest
+    over the workers: the same on every worker)."""
     clock, planner = timing.clock, timing.replanner
     count, window = len(planner.contenders), planner.window
     step = tf.cast(_counted(clock), tf.int32)  # this exchange's, from 1
@@ -226,7 +217,8 @@ def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
             timing.choices.assign(tf.gather(plans, _turn(step, count)))
 
         def settle():
-            rounds = _by_contender(_critical(spans, group), window)
+            shortest = plan_clock.shortest_over_workers(spans, group)
+            rounds = _by_contender(shortest, window)
             ordered = tf.sort(rounds, axis=0)
             median = (ordered[(window - 1) // 2] + ordered[window // 2]) / 2
             best = tf.argmin(median, output_type=tf.int32)
