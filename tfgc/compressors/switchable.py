@@ -23,7 +23,7 @@ from tfgc.core.compressor import Compressor, Spec
 class SwitchState(NamedTuple):
     residual: tf.Tensor  # what this worker has not sent yet, any codec
     inners: tuple  # each candidate's own state, in candidate order
-    last: tf.Tensor  # int32: the candidate that ran last (-1: none yet)
+    last: tf.Tensor  # int32: the candidate that ran last
 
 
 class _Context(NamedTuple):
@@ -57,10 +57,13 @@ class Slot(Compressor):
         return self.codec.xla_unsupported()
 
     def init_state(self, shape, dtype, key):
+        # Every candidate's state starts as its own would; this slot's
+        # candidate, the plan's first choice, goes on from it as the codec
+        # alone would.
         return SwitchState(
             tf.zeros(shape, dtype),
             tuple(init(shape, dtype, key) for init in self.inits),
-            tf.constant(-1, tf.int32),
+            tf.constant(self.index, tf.int32),
         )
 
     def worker_sums(self, state):
