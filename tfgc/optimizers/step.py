@@ -283,13 +283,16 @@ def _take_joined(joins, number, back, by_unit, present, out, states) -> None:
     ends = [j for j in joins if j.units[-1] == number]
     for j, joined in zip(ends, back):
         indices = [present[k] for u in j.units[:-1] for k in by_unit[u]]
-
-        def pick(a, b, in_force=joined.in_force):
-            return tf.where(in_force, a, b)
-
-        for i, total, state in zip(indices, joined.totals, joined.states):
-            out[i] = pick(total, out[i])
-            states[i] = tf.nest.map_structure(pick, state, states[i])
+        own = ([out[i] for i in indices], [states[i] for i in indices])
+        # One cond, which forwards either side's tensors without a copy.
+        totals, new_states = tf.cond(
+            joined.in_force,
+            lambda joined=joined: (joined.totals, joined.states),
+            lambda own=own: own,
+        )
+        for i, total, state in zip(indices, totals, new_states):
+            out[i] = total
+            states[i] = state
 
 
 def _groups(plans, tensors, bucket_bytes) -> list[list[int]]:

@@ -43,7 +43,7 @@ class Joined(NamedTuple):
 
     Attributes:
         in_force: bool scalar: the join ran (every unit chose its codec).
-        totals: the other units' sums, in order (zeros where it did not).
+        totals: the other units' sums, in order (where it ran).
         states: their new states (their old ones where it did not).
     """
 
@@ -86,9 +86,11 @@ def exchange(
         return tuple(result)
 
     def untouched():
+        # Placeholders of the right structure, never used (the caller
+        # takes them only where the join ran): forwarded, not allocated.
         return [
             (
-                [tf.zeros_like(x) for u in us for x in u.inputs],
+                [x for u in us for x in u.inputs],
                 [s for u in us for s in u.states],
             )
             for us in others
@@ -103,8 +105,8 @@ def exchange(
         return branch
 
     def deferred():
-        totals = [tf.zeros_like(x) for x in unit.inputs]
-        return totals, list(unit.states), no_traffic(), untouched()
+        # The join's last unit sends these; placeholders, as above.
+        return list(unit.inputs), list(unit.states), no_traffic(), untouched()
 
     def together(k, phase):
         units = others[k] + [unit]
