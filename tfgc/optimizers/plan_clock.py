@@ -10,9 +10,12 @@ other. The step's period is the time between two exchanges' first ready
 stamps. Sums over the counted exchanges are kept in variables; the first
 `SETTLE` exchanges (tracing, first allocations) are not counted. The
 exchange left after the last gradient is also summed as the worker whose
-gradients were ready last saw it (one all-gather of a number a step):
-the other workers' includes their wait for that one, the workers' skew,
-which the prediction keeps as measured, as it keeps the backward pass.
+gradients were ready last saw it: the other workers' includes their wait
+for that one, the workers' skew, which the prediction keeps as measured,
+as it keeps the backward pass. That takes one all-gather of a number,
+made at the start of the next exchange (`share_last`), while the
+backward pass runs, not after the step's last bucket, where every step
+would wait for it.
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ class Clock(NamedTuple):
             done stamp: the exchange the backward pass did not hide.
         critical: the same on the worker whose gradients were ready last
             (each exchange's shortest over the workers): `exposed` less
-            this worker's wait for that one, the workers' skew.
+            this worker's wait for that one, the workers' skew; summed
+            one exchange late (`share_last`).
+        last_exposed: this worker's `exposed` of the last exchange (0 if
+            not counted), for the next one to share.
     """
 
     seen: tf.Variable
@@ -58,6 +64,7 @@ class Clock(NamedTuple):
     busy: tf.Variable
     exposed: tf.Variable
     critical: tf.Variable
+    last_exposed: tf.Variable
 
     @classmethod
     def create(cls, add_variable: Callable[..., tf.Variable], buckets: int):
@@ -77,6 +84,7 @@ class Clock(NamedTuple):
             made("busy", (buckets,)),
             made("exposed"),
             made("critical"),
+            made("last_exposed"),
         )
 
     def sums(self) -> list:
@@ -151,20 +159,22 @@ class Timing(NamedTuple):
 def stamp_after(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     """The time (float64 seconds) once every one of `tensors` exists;
     refused while tracing for XLA, which has no kernel for it."""
+    _refuse_xla()
+    with tf.control_dependencies(list(tensors)):
+        return tf.timestamp()
+
+
+def _refuse_xla() -> None:
     ops.refuse_xla(
         "compressor='auto' times each bucket's exchange with tf.timestamp "
         "(to check its predictions and run its trials), which XLA has no "
         "kernel for (a plan given as Auto(choices=...) is not timed)",
         data_dependent_shape=False,
     )
-    with tf.control_dependencies(list(tensors)):
-        return tf.timestamp()
 
 
-def record(clock: Clock, ready: Sequence, done: Sequence, group=None) -> None:
-    """Adds one exchange's stamps (per bucket, in exchange order); with
-    the workers' `group` (one all-gather of a number), the exposed
-    exchange of the worker ready last too."""
+def record(clock: Clock, ready: Sequence, done: Sequence) -> None:
+    """Adds one exchange's stamps (per bucket, in exchange order)."""
     ready, done = tf.stack(ready), tf.stack(done)
     free = tf.concat([ready[:1], done[:-1]], axis=0)  # wire free again
     busy = done - tf.maximum(ready, free)
@@ -174,13 +184,23 @@ def record(clock: Clock, ready: Sequence, done: Sequence, group=None) -> None:
     clock.offsets.assign_add(weight * (ready - ready[0]))
     clock.busy.assign_add(weight * busy)
     exposed = done[-1] - tf.reduce_max(ready)
-    critical = exposed
-    if group is not None:
-        critical = shortest_over_workers(exposed[None], group)[0]
     clock.exposed.assign_add(weight * exposed)
-    clock.critical.assign_add(weight * critical)
+    clock.last_exposed.assign(weight * exposed)
     clock.previous.assign(ready[0])
     clock.seen.assign_add(1.0)
+
+
+def share_last(clock: Clock, group) -> None:
+    """Adds the last exchange's exposed part as the worker ready last saw
+    it (the shortest over the workers of `group`) to `critical`: call at
+    an exchange's start, before its stamps, so that the all-gather runs
+    while the backward pass does. Refused under XLA, as the stamps are
+    (before this gather, which XLA refuses on CPUs for another reason)."""
+    _refuse_xla()
+    last = tf.convert_to_tensor(clock.last_exposed)
+    shortest = shortest_over_workers(last[None], group)[0]
+    counted = clock.seen > SETTLE  # the last exchange was
+    clock.critical.assign_add(tf.where(counted, shortest, 0.0))
 
 
 def shortest_over_workers(value: tf.Tensor, group) -> tf.Tensor:
@@ -261,7 +281,8 @@ def report(
     offsets = offsets / n
     step = float(period) / n
     exposed = float(exposed) / n
-    critical = float(critical) / n
+    # `critical` has every counted exchange's but the last (`share_last`).
+    critical = float(critical) / (n - 1) if n > 1 else exposed
     end = bucket_costs.pipelined_seconds(
         offsets.tolist(),
         list(predicted),
@@ -292,10 +313,10 @@ def warn_if_off(found: PlanReport | None) -> None:
         )
 
 
-def finish(timing: Timing, ready, done, group, checks: bool) -> None:
-    """Records an exchange's stamps (`group`: the workers'); with `checks`
-    (one replica of the chief) also checks the prediction when due."""
-    record(timing.clock, ready, done, group)
+def finish(timing: Timing, ready, done, checks: bool) -> None:
+    """Records an exchange's stamps; with `checks` (one replica of the
+    chief) also checks the prediction when due."""
+    record(timing.clock, ready, done)
     if checks and timing.check_after is not None:
         check_when_due(
             timing.clock,

@@ -180,6 +180,7 @@ def exchange_in_buckets(
     groups = _groups(plans, [tensors[i] for i in present], bucket_bytes)
     ready = None
     if timing is not None and len(groups) == len(timing.table):
+        plan_clock.share_last(timing.clock, communicator.group())
         # All before any exchange: see plan_clock.
         ready = [
             plan_clock.stamp_after([tensors[present[j]] for j in group])
@@ -249,10 +250,9 @@ def exchange_in_buckets(
         traffic = Traffic(*(a + b for a, b in zip(traffic, more)))
     if ready is not None:
         done = [plan_clock.stamp_after(f) for f in finished]
-        group = communicator.group()
-        plan_clock.finish(timing, ready, done, group, replica_id() == 0)
+        plan_clock.finish(timing, ready, done, replica_id() == 0)
         if timing.replanner is not None:
-            replan.step_end(timing, group, done[-1] - ready[0])
+            replan.step_end(timing, communicator.group(), done[-1] - ready[0])
     joined = tf.concat(verdicts, axis=1) if verdicts else None
     exchanged = [i for b in buckets for i in b]
     plan_of = dict(zip(present, plans))
