@@ -252,17 +252,13 @@ def _model():
     )
 
 
-def _planned(strategy, auto, bucket_bytes=600, **options):
+def _planned(strategy, auto, **options):
     """(model, optimizer): the small model compiled in `strategy` with
-    `auto` in buckets of `bucket_bytes` (`options`: the optimizer's
-    others)."""
+    `auto` in buckets of 600 bytes (`options`: the optimizer's others)."""
     with strategy.scope():
         model = _model()
         opt = tfgc.CompressedOptimizer(
-            keras.optimizers.SGD(0.1),
-            auto,
-            bucket_bytes=bucket_bytes,
-            **options,
+            keras.optimizers.SGD(0.1), auto, bucket_bytes=600, **options
         )
         model.compile(opt, "mse")
     return model, opt
@@ -314,7 +310,9 @@ def test_auto_measures_the_replicas_and_prints_its_table(
         assert len(bucket.seconds) == 2
         assert bucket.choice == auto_plan.pick(opt.compressor, bucket.seconds)
     printed = capsys.readouterr().out
-    assert "| unit | tensors | elements | MiB | Identity ms" in printed
+    assert (
+        "| bucket | units | tensors | elements | MiB | Identity ms" in printed
+    )
     assert plan.table() in printed
     # The plan's compressors are the optimizer's.
     for bucket in plan.buckets:
@@ -357,27 +355,24 @@ def _acpsgd_plan(choices):
 
 def test_units_that_chose_a_codec_with_its_own_buckets_are_joined(mirrored):
     """ACP-SGD sizes its buckets by what it sends: units that chose it
-    side by side travel as one bucket, as ACP-SGD alone makes; the plan
-    stays one choice per unit, to be given back."""
-    for choices, joins, buckets in (
-        ([1, 1, 1, 1], [(0, 1, 2, 3)], [[5, 4, 3], [2], [1], [0]]),
-        ([1, 1, 0, 1], [(0, 1)], [[5, 4, 3], [2], [1], [0]]),
-        ([0, 0, 1, 1], [(2, 3)], [[5, 4, 3], [2], [1], [0]]),
+    side by side become one exchange bucket, as ACP-SGD alone makes; the
+    plan's choices stay one per unit, to be given back."""
+    for choices, groups in (
+        ([1, 1, 1, 1], [(5, 4, 3, 2, 1, 0)]),
+        ([1, 1, 0, 1], [(5, 4, 3, 2), (1,), (0,)]),
+        ([0, 0, 1, 1], [(5, 4, 3), (2,), (1, 0)]),
     ):
         model, opt = _planned(mirrored, _acpsgd_plan(choices)())
-        x = np.random.default_rng(0).normal(size=(32, 12)).astype("float32")
-        model.fit(x, np.zeros((32, 4)), batch_size=32, verbose=0)
-        assert [j.units for j in opt.plan.joins] == joins
-        assert opt.plan.joined() == opt.plan.joins
-        assert [b.variables for b in opt.plan.buckets] == [
-            tuple(b) for b in buckets
-        ]
+        with mirrored.scope():
+            opt.build(model.trainable_variables)
+        assert [b.variables for b in opt.plan.buckets] == groups
         assert opt.plan.choices == tuple(choices)
+        assert sum(b.units for b in opt.plan.buckets) == 4
     # Dense units are never joined, nor a codec without sizes of its own.
     model, opt = _planned(mirrored, _auto([1, 1, 1, 1])())
     with mirrored.scope():
         opt.build(model.trainable_variables)
-    assert opt.plan.joins == ()
+    assert len(opt.plan.buckets) == 4
 
 
 def test_a_join_stays_within_the_codecs_own_bucket_size():
@@ -397,14 +392,14 @@ def test_a_join_stays_within_the_codecs_own_bucket_size():
     joined = auto_plan.join(
         settings, variables, units, [1, 1], settings.communicator
     )
-    assert joined == ()
+    assert joined == [([3, 2], 1, 1), ([1, 0], 1, 1)]
     roomy = settings._replace(
         compressor=compressors.Auto(
             candidates=["identity", compressors.ACPSGD(rank=1)]
         )
     )
     joined = auto_plan.join(roomy, variables, units, [1, 1], roomy.communicator)
-    assert joined == (auto_plan.Join((0, 1), 1),)
+    assert joined == [([3, 2, 1, 0], 1, 2)]
 
 
 def test_a_plan_of_a_codec_with_its_own_buckets_trains_as_that_codec(

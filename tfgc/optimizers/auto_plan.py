@@ -12,9 +12,8 @@ workers, predicts each unit's exchange time under every candidate
 (`tfgc.core.bucket_costs`) and gives the unit the fastest, unless
 that one compresses and is within `Auto.min_speedup` of the fastest
 dense one. Neighbouring units that chose a codec which sizes its own
-buckets (ACP-SGD, by what it sends) are exchanged as one bucket, as that
-codec joins its tensors on its own (`join`; a `Join` counts only in the
-steps where each of its units runs its codec). Every worker computes the
+buckets (ACP-SGD, by what it sends) are then joined as that codec joins
+them on its own (`join`): the exchange buckets. Every worker computes the
 same choices from the same numbers.
 
 See docs/algorithms.md, "The planner".
@@ -46,7 +45,7 @@ MAX_CONTENDERS = 6
 
 
 class BucketChoice(NamedTuple):
-    """One planning unit of the plan (its bucket unless joined).
+    """One bucket of the plan.
 
     Attributes:
         variables: indices of its variables in the optimizer's list, in
@@ -61,6 +60,7 @@ class BucketChoice(NamedTuple):
         compute: per candidate, the part of `seconds` its codec computes
             on the device (the rest is its collectives); empty where not
             measured.
+        units: the planning units it joins (`join`), in exchange order.
     """
 
     variables: tuple[int, ...]
@@ -70,25 +70,7 @@ class BucketChoice(NamedTuple):
     dense_seconds: float | None
     choice: int
     compute: tuple[float, ...] = ()
-
-
-class Join(NamedTuple):
-    """Neighbouring planning units that `candidate` (a codec sizing its
-    own buckets) exchanges as one bucket, in the steps where each of
-    them runs it; in others each unit is exchanged on its own.
-
-    Attributes:
-        units: the units, in exchange order (the last is ready last).
-        candidate: the index of the codec.
-        seconds: the bucket's predicted exchange seconds (None where not
-            measured).
-        compute: the part of `seconds` the codec computes (None: idem).
-    """
-
-    units: tuple[int, ...]
-    candidate: int
-    seconds: float | None = None
-    compute: float | None = None
+    units: int = 1
 
 
 class AutoPlan(NamedTuple):
@@ -96,15 +78,13 @@ class AutoPlan(NamedTuple):
 
     Attributes:
         candidates: the candidates, as `Auto` holds them.
-        buckets: one `BucketChoice` per planning unit, in exchange order.
+        buckets: one `BucketChoice` per bucket, in exchange order.
         num_peers: the workers that exchange the gradients.
         collectives: the measured collective costs (None: not measured).
         codecs: per candidate, its measured compute (empty: not measured).
         reason: how the choices were made, in words.
-        contenders: the plans (choices per unit) to try in the first
+        contenders: the plans (choices per bucket) to try in the first
             steps, the predicted best first (`contenders`); empty: none.
-        joins: the units exchanged as one bucket where each runs the
-            join's codec (`Join`), in exchange order.
     """
 
     candidates: tuple[Compressor, ...]
@@ -114,18 +94,18 @@ class AutoPlan(NamedTuple):
     codecs: tuple[CodecCosts, ...]
     reason: str
     contenders: tuple[tuple[int, ...], ...] = ()
-    joins: tuple[Join, ...] = ()
 
     @property
     def choices(self) -> tuple[int, ...]:
         """Per planning unit (the function `buckets`: `bucket_bytes` of
         gradients each), the index of its candidate: `Auto(choices=...)`
         keeps this plan in another run."""
-        return tuple(b.choice for b in self.buckets)
+        return tuple(b.choice for b in self.buckets for _ in range(b.units))
 
-    def joined(self) -> tuple[Join, ...]:
-        """The joins in force under the plan's choices."""
-        return complete(self.joins, self.choices)
+    @property
+    def bucket_choices(self) -> tuple[int, ...]:
+        """Per exchange bucket, the index of its candidate."""
+        return tuple(b.choice for b in self.buckets)
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -136,7 +116,7 @@ class AutoPlan(NamedTuple):
         buckets one after another (None: not measured)."""
         if self.collectives is None:
             return None
-        return sum(unit_seconds(self, self.choices))
+        return sum(b.seconds[b.choice] for b in self.buckets)
 
     def predicted_dense_seconds(self) -> float | None:
         """The same in dense fp32 (None: not measured)."""
@@ -148,19 +128,20 @@ class AutoPlan(NamedTuple):
         """The plan as a Markdown table, with its totals."""
         names = self.labels
         measured = self.collectives is not None
-        head = ["unit", "tensors", "elements", "MiB"]
+        head = ["bucket", "units", "tensors", "elements", "MiB"]
         if measured:
             head += [f"{n} ms" for n in names] + ["dense fp32 ms"]
         head.append("choice")
         rows = [
             f"tfgc Auto plan, {self.num_peers} workers, "
-            f"{len(self.buckets)} units: {self.reason}.",
+            f"{len(self.buckets)} buckets: {self.reason}.",
             "| " + " | ".join(head) + " |",
             "|" + "---|" * len(head),
         ]
         for number, b in enumerate(self.buckets):
             cells = [
                 str(number),
+                str(b.units),
                 str(len(b.variables)),
                 f"{b.elements:,}",
                 f"{b.nbytes / 2**20:.2f}",
@@ -170,24 +151,6 @@ class AutoPlan(NamedTuple):
                 cells.append(f"{1e3 * b.dense_seconds:.2f}")
             cells.append(names[b.choice])
             rows.append("| " + " | ".join(cells) + " |")
-        in_force = self.joined()
-        if self.joins:
-            rows.append("")
-        for j in self.joins:
-            line = (
-                f"Units {j.units[0]}-{j.units[-1]} travel as one bucket "
-                f"under {names[j.candidate]}"
-            )
-            line += " (in force)" if j in in_force else " where each runs it"
-            if j.seconds is not None:
-                apart = sum(
-                    self.buckets[u].seconds[j.candidate] for u in j.units
-                )
-                line += (
-                    f": {1e3 * j.seconds:.2f} ms predicted, "
-                    f"{1e3 * apart:.2f} ms apart"
-                )
-            rows.append(line + ".")
         if len(self.contenders) > 1:
             tried = "; ".join(
                 ", ".join(names[c] for c in sorted(set(plan)))
@@ -326,13 +289,11 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
     peers = communicator.num_peers
 
     def unmeasured(choices, reason):
+        joined = join(settings, var_list, units, choices, communicator)
         chosen = tuple(
-            _bucket(var_list, g, (), None, c) for g, c in zip(units, choices)
+            _bucket(var_list, g, (), None, c, units=n) for g, c, n in joined
         )
-        joins = join(settings, var_list, units, choices, communicator)
-        return AutoPlan(
-            auto.candidates, chosen, peers, None, (), reason, (), joins
-        )
+        return AutoPlan(auto.candidates, chosen, peers, None, (), reason)
 
     if auto.choices is not None:
         if len(auto.choices) != len(units):
@@ -366,30 +327,24 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
         CodecCosts(*agreed[2 * i : 2 * i + 2])
         for i in range(len(auto.candidates))
     )
-    chosen = choose(
+    per_unit = choose(
         settings, var_list, units, communicator, collectives, codecs
     )
-
-    def priced(joins):
-        out = []
-        for j in joins:
-            group = [i for u in j.units for i in units[u]]
-            seconds, _, compute = price(
-                settings, var_list, group, communicator, collectives, codecs
-            )
-            c = j.candidate
-            out.append(j._replace(seconds=seconds[c], compute=compute[c]))
-        return tuple(out)
-
-    predicted = [b.choice for b in chosen]
-    joins = priced(join(settings, var_list, units, predicted, communicator))
-    tried = contenders(auto, chosen, joins) if auto.trial_steps else ()
-    # Units a contender gives a joining codec may be joined for it too.
-    for plan in tried[1:]:
-        taken = {u for j in joins for u in j.units}
-        free = [-1 if u in taken else c for u, c in enumerate(plan)]
-        more = join(settings, var_list, units, free, communicator)
-        joins = tuple(sorted(joins + priced(more), key=lambda j: j.units))
+    joined = join(
+        settings, var_list, units, [b.choice for b in per_unit], communicator
+    )
+    # A unit left alone keeps its prices; joined units are priced again.
+    alone = {b.variables: b for b in per_unit}
+    chosen = []
+    for g, c, n in joined:
+        if n == 1:
+            chosen.append(alone[tuple(g)])
+            continue
+        seconds, dense, compute = price(
+            settings, var_list, g, communicator, collectives, codecs
+        )
+        chosen.append(_bucket(var_list, g, seconds, dense, c, compute, n))
+    chosen = tuple(chosen)
     return AutoPlan(
         auto.candidates,
         chosen,
@@ -397,71 +352,37 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
         collectives,
         codecs,
         "measured on this cluster, the fastest predicted per bucket",
-        tried,
-        joins,
+        contenders(auto, chosen) if auto.trial_steps else (),
     )
 
 
-def join(settings, var_list, units, choices, communicator) -> tuple[Join, ...]:
-    """The `Join`s of `units` (planning units, indices into `var_list`)
-    given each one's candidate (`choices`; -1: none). A codec that sizes
-    its own buckets (`spec.bucket_bytes`: ACP-SGD, by what it sends) is
-    not cut by the gradient bytes of the units: neighbouring units that
-    chose it are joined, whole, while what it counts of them stays within
-    its size in each of its phases, as it joins its tensors on its own.
-    Unpriced (`Join.seconds` None)."""
-    runs: list[tuple[list[int], int]] = []
-    size: list[int] = []  # the last run's, per phase
-    for number, (group, choice) in enumerate(zip(units, choices)):
-        if choice < 0:
-            runs.append(([number], choice))
-            continue
+def join(
+    settings, var_list, units, choices, communicator
+) -> list[tuple[list[int], int, int]]:
+    """The exchange buckets of `units` (planning units, indices into
+    `var_list`) given each one's candidate (`choices`), as (variables,
+    candidate, units joined). A codec that sizes its own buckets
+    (`spec.bucket_bytes`: ACP-SGD, by what it sends) is not cut by the
+    gradient bytes of the units: neighbouring units that chose it are
+    joined, whole, while what it counts of them stays within its size in
+    each of its phases, as it joins its tensors on its own. Every other
+    unit is an exchange bucket of its own."""
+    out: list[tuple[list[int], int, int]] = []
+    size: list[int] = []  # the last bucket's, per phase
+    for group, choice in zip(units, choices):
         candidate = settings.compressor.candidates[choice]
         limit = candidate.spec.bucket_bytes
         own = _own_sizes(settings, candidate, var_list, group, communicator)
-        if runs and limit and runs[-1][1] == choice:
+        if out and limit and out[-1][1] == choice:
             together = [a + b for a, b in zip(size, own)]
             if max(together) <= limit:
-                runs[-1][0].append(number)
+                variables, _, count = out[-1]
+                out[-1] = (variables + list(group), choice, count + 1)
                 size = together
                 continue
-        runs.append(([number], choice))
+        out.append((list(group), choice, 1))
         size = own
-    return tuple(Join(tuple(u), c) for u, c in runs if len(u) > 1)
-
-
-def complete(joins, choices) -> tuple[Join, ...]:
-    """The `joins` in force under `choices` (per unit): each of their
-    units runs their codec."""
-    return tuple(
-        j for j in joins if all(choices[u] == j.candidate for u in j.units)
-    )
-
-
-def unit_seconds(plan: AutoPlan, choices) -> list[float]:
-    """Per unit, its predicted exchange seconds under `choices`; a join in
-    force counts on its last unit (its other units send nothing of their
-    own)."""
-    out = [b.seconds[c] for b, c in zip(plan.buckets, choices)]
-    for j in complete(plan.joins, choices):
-        for u in j.units:
-            out[u] = 0.0
-        out[j.units[-1]] = j.seconds
     return out
-
-
-def effective_seconds(buckets, joins) -> tuple[tuple[float, ...], ...]:
-    """Per unit and candidate, its predicted seconds, a join's codec in
-    its units counted as the joined bucket's, shared among them by their
-    seconds apart: what choosing per unit compares."""
-    table = [list(b.seconds) for b in buckets]
-    for j in joins:
-        apart = [buckets[u].seconds[j.candidate] for u in j.units]
-        total = sum(apart)
-        for u, alone in zip(j.units, apart):
-            share = alone / total if total > 0 else 1 / len(j.units)
-            table[u][j.candidate] = j.seconds * share
-    return tuple(tuple(row) for row in table)
 
 
 def _own_sizes(settings, candidate, var_list, group, communicator):
@@ -479,25 +400,23 @@ def _own_sizes(settings, candidate, var_list, group, communicator):
     return [sum(t.nbytes for t in loads) for loads in phases]
 
 
-def contenders(auto, buckets, joins=()) -> tuple[tuple[int, ...], ...]:
+def contenders(auto, buckets) -> tuple[tuple[int, ...], ...]:
     """The plans worth trying in the step: the predicted best, then per
-    other candidate the best with that candidate in every unit where
-    its prediction (a join's share, `effective_seconds`) is within
-    `auto.trial_margin` of the chosen one's (where the start-up
-    measurement cannot tell them apart), each plan once, at most
-    `MAX_CONTENDERS`, by predicted total."""
-    table = effective_seconds(buckets, joins)
+    other candidate the best with that candidate in every bucket where
+    its prediction is within `auto.trial_margin` of the chosen one's
+    (where the start-up measurement cannot tell them apart), each plan
+    once, at most `MAX_CONTENDERS`, by predicted total."""
     best = tuple(b.choice for b in buckets)
     plans = {best}
     for c in range(len(auto.candidates)):
         plan = tuple(
-            c if _close(row[c], row[b.choice], auto) else b.choice
-            for b, row in zip(buckets, table)
+            c if _close(b.seconds[c], b.seconds[b.choice], auto) else b.choice
+            for b in buckets
         )
         plans.add(plan)
 
     def total(plan):
-        return sum(row[c] for row, c in zip(table, plan))
+        return sum(b.seconds[c] for b, c in zip(buckets, plan))
 
     others = sorted(plans - {best}, key=lambda p: (total(p), p))
     return (best, *others[: MAX_CONTENDERS - 1])
@@ -569,7 +488,7 @@ def is_dense(candidate) -> bool:
 
 
 def _bucket(
-    var_list, group, seconds, dense, choice, compute=()
+    var_list, group, seconds, dense, choice, compute=(), units=1
 ) -> BucketChoice:
     variables = [var_list[i] for i in group]
     return BucketChoice(
@@ -580,6 +499,7 @@ def _bucket(
         dense,
         choice,
         compute,
+        units,
     )
 
 
@@ -615,7 +535,8 @@ def _close(seconds: float, chosen: float, auto) -> bool:
 
 
 def with_choices(plan: AutoPlan, choices) -> AutoPlan:
-    """`plan` with each unit's candidate replaced by `choices`."""
+    """`plan` with each exchange bucket's candidate replaced by `choices`
+    (one per bucket, as `AutoPlan.bucket_choices`)."""
     buckets = tuple(
         b._replace(choice=int(c)) for b, c in zip(plan.buckets, choices)
     )
@@ -623,8 +544,8 @@ def with_choices(plan: AutoPlan, choices) -> AutoPlan:
 
 
 def assignments(plan: AutoPlan, count: int) -> list:
-    """Per variable index, its unit and the unit's candidate
-    (`planning.Assignment`); the default for variables in no unit
+    """Per variable index, its bucket and the bucket's candidate
+    (`planning.Assignment`); the default for variables in no bucket
     (overwritten with their gradient)."""
     out = [planning.Assignment()] * count
     for number, bucket in enumerate(plan.buckets):
@@ -638,7 +559,7 @@ def switchable_assignments(
 ) -> list:
     """As `assignments`, with the phases of the `used` candidates as
     `Slot`s over one shared state (None for the others), for plans that
-    change: `selector` (int32 [units]) picks a candidate per unit and
+    change: `selector` (int32 [buckets]) picks a candidate per bucket and
     step."""
     out = [planning.Assignment()] * len(var_list)
     for number, bucket in enumerate(plan.buckets):

@@ -167,12 +167,10 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         settings = planning.Settings.of(self)
         self._auto_plan = self._selector = assigned = None
         self._plan_variables = []
-        self._joins = ()
         if isinstance(self.compressor, compressors_lib.Auto):
             self._auto_plan, self._selector, assigned = self._plan_buckets(
                 settings, var_list, net
             )
-            self._joins = self._plan_joins()
         self._plans = planning.make_plans(
             settings, var_list, net, self.add_variable, assigned
         )
@@ -359,7 +357,9 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             dtype="int32",
             aggregation="none",
             name="plan_choices",
-            initializer=lambda shape, dtype: tf.constant(plan.choices, dtype),
+            initializer=lambda shape, dtype: tf.constant(
+                plan.bucket_choices, dtype
+            ),
         )
         assigned = auto_plan.switchable_assignments(
             settings,
@@ -370,15 +370,6 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             replan.used(self.compressor, plan),
         )
         return plan, selector, assigned
-
-    def _plan_joins(self):
-        """The plan's joins the exchange may send: those in force, or,
-        where the plan changes, those whose codec a unit may run."""
-        plan = self._auto_plan
-        if self._selector is None:
-            return plan.joined()
-        used = replan.used(self.compressor, plan)
-        return tuple(j for j in plan.joins if j.candidate in used)
 
     def _plan_timing(self):
         """The timing of a measured plan's exchanges (and its re-planner),
@@ -395,17 +386,15 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             return plan_clock.Timing(
                 clock,
                 table,
-                plan.choices,
+                plan.bucket_choices,
                 self.compressor.check_after,
                 compute=compute,
-                joins=self._joins,
             )
         planner = replan.Replanner.create(
             self._add_plan_variable,
             self.compressor,
             plan,
             tuple(auto_plan.is_dense(c) for c in plan.candidates),
-            auto_plan.effective_seconds(plan.buckets, self._joins),
         )
         return plan_clock.Timing(
             clock,
@@ -414,7 +403,6 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
             self.compressor.check_after,
             planner,
             compute,
-            self._joins,
         )
 
     def _add_plan_variable(self, **kwargs):

@@ -112,9 +112,6 @@ class Timing(NamedTuple):
         replanner: a `replan.Replanner`, or None.
         compute: like `table`, the part of each that the codec computes
             (`BucketChoice.compute`); empty: not known.
-        joins: the units sent as one bucket where each runs one codec
-            (`auto_plan.Join`, priced): in force, a join's prediction
-            counts on its last unit, and its other units' on none.
     """
 
     clock: Clock
@@ -123,37 +120,24 @@ class Timing(NamedTuple):
     check_after: int | None
     replanner: object = None
     compute: tuple[tuple[float, ...], ...] = ()
-    joins: tuple = ()
 
     def predicted(self) -> tf.Tensor:
         """float64 [buckets]: each bucket's predicted seconds under its
         candidate now."""
-        return self._chosen(self.table, "seconds")
+        return self._chosen(self.table)
 
     def predicted_compute(self) -> tf.Tensor:
         """float64 [buckets]: the codec's part of `predicted` (zeros where
         not known)."""
         if not self.compute:
             return tf.zeros_like(self.predicted())
-        return self._chosen(self.compute, "compute")
+        return self._chosen(self.compute)
 
-    def _chosen(self, table, field: str) -> tf.Tensor:
-        """Per bucket, `table`'s entry of its candidate, a join in force
-        counted as the join's `field` on its last unit."""
+    def _chosen(self, table) -> tf.Tensor:
         choices = self.choices
         if isinstance(choices, tuple):
             choices = tf.constant(choices, tf.int32)
-        out = tf.gather(tf.constant(table, tf.float64), choices, batch_dims=1)
-        for join in self.joins:
-            units = list(join.units)
-            mask = np.zeros(len(table), bool)
-            mask[units] = True
-            joined = np.zeros(len(table))
-            joined[units[-1]] = getattr(join, field)
-            chosen = tf.gather(choices, units)
-            in_force = tf.reduce_all(tf.equal(chosen, join.candidate))
-            out = tf.where(tf.logical_and(in_force, mask), joined, out)
-        return out
+        return tf.gather(tf.constant(table, tf.float64), choices, batch_dims=1)
 
 
 def stamp_after(tensors: Sequence[tf.Tensor]) -> tf.Tensor:

@@ -14,19 +14,17 @@ shortest median of those wins.
 
 Revisions (`Auto(replan_every=N)`): every N steps after the trials the
 planner's predictions are corrected by what each codec measured, and
-each unit gets the candidate fastest by the corrected predictions (a
-join's codec at its share of the joined bucket; the join is sent as one
-where each of its units gets it).
+each bucket gets the candidate fastest by the corrected predictions.
 
-Each unit's exchange is timed in the step (`plan_clock`). At a
-revision, the time each unit's exchange took since the last one is
+Each bucket's exchange is timed in the step (`plan_clock`). At a
+revision, the time each bucket's exchange took since the last one is
 averaged over the workers (one all-reduce), and per candidate in use the
-ratio of its measured to its predicted seconds, over the units it
+ratio of its measured to its predicted seconds, over the buckets it
 sent, becomes its correction factor (1 until a candidate is measured).
-The units' choices (an int32 variable, saved with the optimizer, so a
+The buckets' choices (an int32 variable, saved with the optimizer, so a
 checkpoint keeps the plan) then follow `auto_plan.pick`'s rule on the
 corrected predictions. A variable's residual is shared by every
-candidate (`tfgc.compressors.switchable`), so a unit that changes codec
+candidate (`tfgc.compressors.switchable`), so a bucket that changes codec
 loses nothing.
 """
 
@@ -46,14 +44,11 @@ class Replanner(NamedTuple):
     Attributes:
         every: steps between revisions (None: no revisions).
         factors: float64 [candidates]: measured / predicted seconds.
-        since_busy: float64 [units]: the clock's `busy` at the last
+        since_busy: float64 [buckets]: the clock's `busy` at the last
             revision (or the end of the trials).
         since_seen: float64: the clock's `seen` then.
         dense: per candidate, whether it sends every element.
         min_speedup: `Auto.min_speedup`.
-        prices: [units][candidates] predicted seconds, a join's codec
-            in its units at its share (`auto_plan.effective_seconds`):
-            what revisions choose from.
         contenders: the plans tried in turn in the first counted steps
             (`AutoPlan.contenders`); fewer than two: no trials.
         window: the rounds of the trials (steps each contender runs).
@@ -67,7 +62,6 @@ class Replanner(NamedTuple):
     since_seen: tf.Variable
     dense: tuple[bool, ...]
     min_speedup: float
-    prices: tuple[tuple[float, ...], ...]
     contenders: tuple[tuple[int, ...], ...]
     window: int
     spans: tf.Variable
@@ -79,10 +73,7 @@ class Replanner(NamedTuple):
         auto,
         plan,
         dense: tuple[bool, ...],
-        prices: tuple[tuple[float, ...], ...] | None = None,
     ) -> Replanner:
-        """`prices`: default, each unit's own seconds (no joins)."""
-
         def made(name, shape=(), initializer="zeros"):
             return add_variable(
                 shape=shape,
@@ -101,7 +92,6 @@ class Replanner(NamedTuple):
             made("since_seen"),
             dense,
             auto.min_speedup,
-            prices or tuple(b.seconds for b in plan.buckets),
             contenders,
             window,
             made("spans", (max(len(contenders), 1) * window,)),
@@ -132,7 +122,7 @@ def trial_exchanges(auto, plan) -> int:
 
 
 def used(auto, plan) -> set[int]:
-    """The candidates a unit may run: every one with revisions, else
+    """The candidates a bucket may run: every one with revisions, else
     those of the contenders."""
     if auto.replan_every is not None:
         return set(range(len(plan.candidates)))
@@ -140,8 +130,8 @@ def used(auto, plan) -> set[int]:
 
 
 def pick(corrected: tf.Tensor, dense, min_speedup: float) -> tf.Tensor:
-    """`auto_plan.pick` for every unit at once: `corrected` [units,
-    candidates] seconds -> int32 [units]."""
+    """`auto_plan.pick` for every bucket at once: `corrected` [buckets,
+    candidates] seconds -> int32 [buckets]."""
     fastest = tf.argmin(corrected, axis=1, output_type=tf.int32)
     dense_ids = [i for i, d in enumerate(dense) if d]
     if not dense_ids:
@@ -256,9 +246,10 @@ def _revise_when_due(timing: plan_clock.Timing, group) -> None:
 
     def revise():
         measured = _agreed(clock.busy - planner.since_busy, group) / counted
+        table = tf.constant(timing.table, tf.float64)
         current = tf.convert_to_tensor(timing.choices)
         ran = tf.one_hot(current, len(planner.dense), dtype=tf.float64)
-        predicted = timing.predicted()
+        predicted = tf.gather(table, current, batch_dims=1)
         measured_by = tf.reduce_sum(measured[:, None] * ran, axis=0)
         predicted_by = tf.reduce_sum(predicted[:, None] * ran, axis=0)
         factors = tf.where(
@@ -266,9 +257,8 @@ def _revise_when_due(timing: plan_clock.Timing, group) -> None:
             measured_by / tf.maximum(predicted_by, 1e-12),
             planner.factors,
         )
-        prices = tf.constant(planner.prices, tf.float64)
         chosen = pick(
-            prices * factors[None, :], planner.dense, planner.min_speedup
+            table * factors[None, :], planner.dense, planner.min_speedup
         )
         timing.choices.assign(chosen)
         planner.factors.assign(factors)

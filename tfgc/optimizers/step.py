@@ -13,7 +13,7 @@ import tensorflow as tf
 from tfgc.communicators import exchange as communicator_exchange
 from tfgc.communicators.communicator import replica_id
 from tfgc.core.wire import Traffic, no_traffic
-from tfgc.optimizers import plan_clock, planning, replan, switched
+from tfgc.optimizers import plan_clock, planning, replan
 
 # What `no_overlap` has said in this process.
 _SAID: set[str] = set()
@@ -54,11 +54,11 @@ class Steps(NamedTuple):
             optimizer.bucket_bytes,
             optimizer._plans_of,
         )
-        planned = dict(timing=optimizer._timing, joins=optimizer._joins)
+        timing = optimizer._timing
         return cls(
-            functools.partial(exchange, *bound, **planned),
+            functools.partial(exchange, *bound, timing=timing),
             functools.partial(
-                exchange_in_buckets, *bound, agree_finite=True, **planned
+                exchange_in_buckets, *bound, agree_finite=True, timing=timing
             ),
             optimizer._inner_apply,
             count,
@@ -148,19 +148,14 @@ def exchange_in_buckets(
     step,
     agree_finite: bool,
     timing: plan_clock.Timing | None = None,
-    joins=(),
 ) -> Exchanged:
     """The tensors travel in buckets of about `bucket_bytes` (None: all in
-    one exchange; a compressor's own size wins; the planner's units where
-    it made them), filled from the last tensor backwards. Each bucket is
-    an exchange of its own (`_exchange_bucket`) that reads only its own
-    tensors, so TensorFlow's executor starts it as soon as they exist,
-    while the backward pass still computes the earlier layers'
-    gradients; its ops are named `tfgc_bucket_<n>/...`. The planner's
-    `joins` (`auto_plan.Join`) travel as one bucket, sent when their last
-    unit's gradients exist: always for a fixed plan (those in force), in
-    the steps where each of their units runs their codec for a plan that
-    changes (`switched`).
+    one exchange; a compressor's own size wins; the planner's buckets
+    where it made them), filled from the last tensor backwards. Each
+    bucket is an exchange of its own (`_exchange_bucket`) that reads only
+    its own tensors, so TensorFlow's executor starts it as soon as they
+    exist, while the backward pass still computes the earlier layers'
+    gradients; its ops are named `tfgc_bucket_<n>/...`.
 
     With `agree_finite` (the non-finite guard), each bucket also gathers
     every replica's verdict on its tensors (one small all-gather queued
@@ -186,26 +181,12 @@ def exchange_in_buckets(
             plan_clock.stamp_after([tensors[present[j]] for j in group])
             for group in groups
         ]
-    choices = None
-    if plans[0].options is not None:
-        choices = tf.convert_to_tensor(plans[0].selector)
-    # The planner's units by their number (a unit whose gradients are all
-    # None is not sent, nor is a join with it).
-    numbers = [
-        n if plans[g[0]].bucket is None else plans[g[0]].bucket
-        for n, g in enumerate(groups)
-    ]
-    by_unit = dict(zip(numbers, groups))
-    joins = tuple(j for j in joins if set(j.units) <= set(numbers))
     traffic, verdicts, columns = no_traffic(), [], []
-    states: dict[int, object] = {}  # tensor index -> its new state
-    units: dict[int, switched.Unit] = {}
-    finished, buckets = [], []
-    for number, group in zip(numbers, groups):
+    done_plans, states, buckets = [], [], []
+    for number, group in enumerate(groups):
         members = [present[j] for j in group]
         buckets.append(members)
         inputs = [tensors[i] for i in members]
-        unit_plans = [plans[j] for j in group]
         with tf.name_scope(f"tfgc_bucket_{number}"):
             if agree_finite:
                 local = finite_flags(inputs)
@@ -215,84 +196,26 @@ def exchange_in_buckets(
                     tf.where(ok, t, tf.zeros_like(t))
                     for ok, t in zip(tf.unstack(local), inputs)
                 ]
-            if choices is not None:
-                units[number] = switched.Unit(
-                    unit_plans,
-                    inputs,
-                    [plan.state() for plan in unit_plans],
-                    [planning.key(plan.seed, step) for plan in unit_plans],
-                )
-                totals, new_states, more, back = switched.exchange(
-                    communicator, number, units[number], choices, step,
-                    joins, units,
-                )  # fmt: skip
-                _take_joined(joins, number, back, by_unit, present, out, states)
-                finished.append(totals)
-            else:
-                units[number] = switched.Unit(unit_plans, inputs, [], [])
-                together = _joined_units(joins, number)
-                if together is None:  # sent with a later unit
-                    finished.append(inputs)
-                    continue
-                members = [present[j] for u in together for j in by_unit[u]]
-                totals, new_states, more = _exchange_bucket(
-                    communicator,
-                    warmup_steps,
-                    [p for u in together for p in units[u].plans],
-                    [x for u in together for x in units[u].inputs],
-                    [trainable_variables[i] for i in members],
-                    step,
-                )
-                finished.append(totals[-len(inputs) :])
-        for i, total, state in zip(members, totals, new_states):
+            totals, new_states, more = _exchange_bucket(
+                communicator,
+                warmup_steps,
+                [plans[j] for j in group],
+                inputs,
+                [trainable_variables[i] for i in members],
+                step,
+            )
+        for i, total in zip(members, totals):
             out[i] = total
-            states[i] = state
+        done_plans += [plans[j] for j in group]
+        states += new_states
         traffic = Traffic(*(a + b for a, b in zip(traffic, more)))
     if ready is not None:
-        done = [plan_clock.stamp_after(f) for f in finished]
+        done = [plan_clock.stamp_after([out[i] for i in b]) for b in buckets]
         plan_clock.finish(timing, ready, done, replica_id() == 0)
         if timing.replanner is not None:
             replan.step_end(timing, communicator.group(), done[-1] - ready[0])
     joined = tf.concat(verdicts, axis=1) if verdicts else None
-    exchanged = [i for b in buckets for i in b]
-    plan_of = dict(zip(present, plans))
-    return Exchanged(
-        out,
-        traffic,
-        joined,
-        columns,
-        [plan_of[i] for i in exchanged],
-        [states[i] for i in exchanged],
-        buckets,
-    )
-
-
-def _joined_units(joins, number: int) -> list[int] | None:
-    """The units sent with unit `number` under a fixed plan: itself, or
-    the whole join it ends; None where a join sends it with a later one."""
-    for j in joins:
-        if number in j.units:
-            return list(j.units) if number == j.units[-1] else None
-    return [number]
-
-
-def _take_joined(joins, number, back, by_unit, present, out, states) -> None:
-    """Where a join that unit `number` ends was in force (`back`: its
-    `switched.Joined`s), its earlier units' sums and states are the
-    join's (`out` and `states`, by tensor index, hold their own)."""
-    ends = [j for j in joins if j.units[-1] == number]
-    for j, joined in zip(ends, back):
-        indices = [present[k] for u in j.units[:-1] for k in by_unit[u]]
-        own = ([out[i] for i in indices], [states[i] for i in indices])
-        # One cond, which forwards either side's tensors without a copy.
-        totals, new_states = tf.cond(
-            joined.in_force,
-            lambda joined=joined: (joined.totals, joined.states),
-            lambda own=own: own,
-        )
-        for i, total, state in zip(indices, totals, new_states):
-            out[i] = total
-            states[i] = state
+    return Exchanged(out, traffic, joined, columns, done_plans, states, buckets)
 
 
 def _groups(plans, tensors, bucket_bytes) -> list[list[int]]:
@@ -333,6 +256,8 @@ def _exchange_bucket(
     def run(compressors):
         return communicator.step(compressors, inputs, states, keys, values)
 
+    if plans[0].options is not None:
+        return _switched(run, plans, step)
     branches = [functools.partial(run, phase) for phase in _phases(plans)]
     num_phases = len(branches)
     if warmup_steps:
@@ -349,3 +274,28 @@ def _exchange_bucket(
     else:
         result = tf.switch_case(tf.cast(index, tf.int32), branches)
     return result
+
+
+def _switched(run, plans, step):
+    """Re-planning: a branch per candidate and phase of it, the candidate
+    the bucket's selector holds (`Plan.options`, `Plan.selector`), its
+    phases taken in turn by the step."""
+    branches, first, counts = [], [], []
+    for c in range(len(plans[0].options)):
+        if plans[0].options[c] is None:  # never chosen: no branch
+            first.append(0)
+            counts.append(1)
+            continue
+        count = max(len(p.options[c]) for p in plans)
+        first.append(len(branches))
+        counts.append(count)
+        branches += [
+            functools.partial(
+                run, [p.options[c][j % len(p.options[c])] for p in plans]
+            )
+            for j in range(count)
+        ]
+    choice = plans[0].selector[plans[0].bucket]
+    phase = step % tf.gather(tf.constant(counts, tf.int64), choice)
+    index = tf.gather(first, choice) + tf.cast(phase, tf.int32)
+    return tf.switch_case(index, branches)
