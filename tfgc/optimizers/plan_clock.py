@@ -53,8 +53,8 @@ class Clock(NamedTuple):
             (each exchange's shortest over the workers): `exposed` less
             this worker's wait for that one, the workers' skew; summed
             one exchange late (`share_last`).
-        last_exposed: this worker's `exposed` of the last exchange (0 if
-            not counted), for the next one to share.
+        last_exposed: this worker's `exposed` of the last exchange, for
+            the next one to share (where it was counted).
     """
 
     seen: tf.Variable
@@ -169,7 +169,7 @@ def record(clock: Clock, ready: Sequence, done: Sequence) -> None:
     clock.busy.assign_add(weight * busy)
     exposed = done[-1] - tf.reduce_max(ready)
     clock.exposed.assign_add(weight * exposed)
-    clock.last_exposed.assign(weight * exposed)
+    clock.last_exposed.assign(exposed)
     clock.previous.assign(ready[0])
     clock.seen.assign_add(1.0)
 

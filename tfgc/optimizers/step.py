@@ -175,7 +175,8 @@ def exchange_in_buckets(
     groups = _groups(plans, [tensors[i] for i in present], bucket_bytes)
     ready = None
     if timing is not None and len(groups) == len(timing.table):
-        plan_clock.share_last(timing.clock, communicator.group())
+        workers = communicator.group()
+        plan_clock.share_last(timing.clock, workers)
         # All before any exchange: see plan_clock.
         ready = [
             plan_clock.stamp_after([tensors[present[j]] for j in group])
@@ -213,7 +214,7 @@ def exchange_in_buckets(
         done = [plan_clock.stamp_after([out[i] for i in b]) for b in buckets]
         plan_clock.finish(timing, ready, done, replica_id() == 0)
         if timing.replanner is not None:
-            replan.step_end(timing, communicator.group(), done[-1] - ready[0])
+            replan.step_end(timing, workers, done[-1] - ready[0])
     joined = tf.concat(verdicts, axis=1) if verdicts else None
     return Exchanged(out, traffic, joined, columns, done_plans, states, buckets)
 
