@@ -257,10 +257,10 @@ def plan_lines(rows: list[dict]) -> list[str]:
             )
         if found and found.get("trials"):
             medians = "; ".join(
-                f"{_ms(float(np.median(spans)))}" for spans in found["trials"]
+                f"{_ms(float(np.median(p)))}" for p in found["trials"]
             )
             lines.append(
-                f"The trials' spans on worker 0, each plan's median in the "
+                f"The trials' periods on worker 0, each plan's median in the "
                 f"order tried: {medians} ms."
             )
         if fixed:

@@ -443,7 +443,7 @@ def test_plan_lines_set_auto_beside_fixed_cases_and_its_twin():
     # Predicted: the measured 1.1 s less the 0.2 s the worker ready last
     # left exposed (not this worker's 0.25) plus 0.1 predicted.
     assert "1,000.0 ms, measured here 1,100.0 ms (-9 %)" in text
-    # Each plan tried: the median of its trial spans.
+    # Each plan tried: the median of its trial periods.
     assert "in the order tried: 200.0; 400.0 ms." in text
 
 

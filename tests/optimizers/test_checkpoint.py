@@ -221,3 +221,26 @@ def test_tf_train_checkpoint_gives_every_replica_its_state(
             np.testing.assert_array_equal(a, b, err_msg=key)
     for a, b in zip(restored.get_weights(), trained.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_file_of_other_variables_is_refused_with_the_counts(
+    mirrored, tmp_path
+):
+    """Saved without error feedback (no residuals), loaded with it: the
+    counts differ and the message names both."""
+    trained = fit_small_model(
+        mirrored,
+        lambda: tfgc.CompressedOptimizer(
+            keras.optimizers.SGD(0.05),
+            compressors.TopK(density=0.25),
+            error_feedback=False,
+            min_compress_size=0,
+        ),
+        *data(),
+        batch_size=16,
+    )
+    path = str(tmp_path / "model.weights.h5")
+    trained.save_weights(path)
+    restored = _fresh(mirrored, _optimizer(momentum=0.0))
+    with pytest.raises(ValueError, match=r"has \d+ variables and this one \d+"):
+        restored.load_weights(path)

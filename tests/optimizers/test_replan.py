@@ -234,10 +234,25 @@ def test_the_contenders_differ_where_the_measurement_cannot_tell():
     }
 
 
-def test_trials_take_turns_and_keep_the_shortest_median_span():
+def _run_exchanges(timing, group, periods, span=0.1):
+    """Times exchanges `periods` seconds apart (each one's first stamp to
+    the next one's), as `step.exchange_in_buckets` does: the period read
+    before the stamps are recorded. Returns the choices after each."""
+    clock, seen, t = timing.clock, [], 0.0
+    for period in periods:
+        buckets = len(timing.table)
+        ready = tf.fill([buckets], tf.constant(t, tf.float64))
+        since = ready[0] - clock.previous
+        plan_clock.record(clock, tf.unstack(ready), tf.unstack(ready + span))
+        replan.step_end(timing, group, since)
+        seen.append(tuple(np.atleast_1d(timing.choices.numpy())))
+        t += period
+    return seen
+
+
+def test_trials_take_turns_and_keep_the_shortest_median_period():
     clock = _clock(2)
     choices = tf.Variable([0, 0], dtype=tf.int32)
-
     auto = compressors.Auto(candidates=["identity", "topk"], trial_steps=3)
     plan = auto_plan.AutoPlan(
         auto.candidates,
@@ -252,29 +267,24 @@ def test_trials_take_turns_and_keep_the_shortest_median_span():
     timing = plan_clock.Timing(
         clock, ((1.0, 1.0), (1.0, 1.0)), choices, None, planner
     )
-    # Per counted step, the span of the contender that ran: (1, 1) is the
-    # fastest but for one slow step, which its median ignores (its mean,
-    # 2 s, would lose to (1, 0)'s 0.8 s).
-    spans = [1.0, 0.5, 0.8, 0.8, 5.0, 1.0, 1.0, 0.5, 0.8]
-    seen = []
-    t = 0.0
-    for span in [0.1] * plan_clock.SETTLE + spans:
-        t += 9.0
-        stamps = tf.constant([[t, t], [t + span, t + span]], tf.float64)
-        plan_clock.record(clock, tf.unstack(stamps[0]), tf.unstack(stamps[1]))
-        replan.step_end(timing, _OneWorker(), stamps[1, -1] - stamps[0, 0])
-        seen.append(tuple(choices.numpy()))
+    # Per counted exchange, the period of the contender that ran: (1, 1)
+    # is the fastest but for one slow step, which its median ignores (its
+    # mean, 2 s, would lose to (1, 0)'s 0.8 s). The last trial's period is
+    # known one exchange later.
+    periods = [1.0, 0.5, 0.8, 0.8, 5.0, 1.0, 1.0, 0.5, 0.8]
+    seen = _run_exchanges(timing, _OneWorker(), [9.0] * 3 + periods + [9.0])
     # In turn, step by step, the second round in reverse (each contender
-    # at both parities of the step, ACP-SGD at both phases); then the
+    # at both parities of the step, ACP-SGD at both phases); one more step
+    # of the next turn while the last period is measured; then the
     # shortest median. Shown: the contender for the next step.
     a, b, c = (0, 0), (1, 1), (1, 0)
     assert seen[: plan_clock.SETTLE] == [a] * plan_clock.SETTLE
-    assert seen[plan_clock.SETTLE :] == [b, c, c, b, a, a, b, c, b]
-    np.testing.assert_allclose(planner.spans.numpy(), spans)
-    # Each contender's spans, its rounds in order (the reversed round
+    assert seen[plan_clock.SETTLE :] == [b, c, c, b, a, a, b, c, c, b]
+    np.testing.assert_allclose(planner.periods.numpy(), periods)
+    # Each contender's periods, its rounds in order (the reversed round
     # mapped back).
     np.testing.assert_allclose(
-        replan.trial_spans(planner),
+        replan.trial_periods(planner),
         [[1.0, 1.0, 1.0], [0.5, 5.0, 0.5], [0.8, 0.8, 0.8]],
     )
     # The winner holds from the step `trial_exchanges` counts (measured
@@ -286,40 +296,34 @@ def test_trials_take_turns_and_keep_the_shortest_median_span():
 
 
 class _TwoWorkers:
-    """The other worker's spans are `other`'s (an all-gather of two)."""
+    """The other worker's periods are `other`'s (an all-reduce of two)."""
 
     size = 2
 
     def __init__(self, other):
         self.other = tf.constant(other, tf.float64)
 
-    def all_gather(self, value):
-        return tf.stack([value, self.other])
+    def all_reduce(self, value):
+        return value + self.other
 
 
-def test_the_trials_count_the_span_of_the_worker_ready_last():
-    """Of each step, the shortest span over the workers: the other ones
-    waited for the last. Here this worker waits long in every (1, 1)
-    step, which the other, ready last, shows to be the fastest."""
+def test_the_trials_keep_the_mean_period_over_the_workers():
+    """This worker alone would keep (0,) (1.0 s against 1.2); with the
+    other worker's (1.4 and 0.6 s) the mean keeps (1,): every worker
+    decides alike."""
     clock = _clock(1)
     choices = tf.Variable([0], dtype=tf.int32)
-
     auto = compressors.Auto(candidates=["identity", "topk"], trial_steps=1)
     plan = auto_plan.AutoPlan(
         auto.candidates, (_bucket(1.0, 1.0),), 2, None, (), "test", ((0,), (1,))
     )
     planner = replan.Replanner.create(_add_variable, auto, plan, (True, False))
     timing = plan_clock.Timing(clock, ((1.0, 1.0),), choices, None, planner)
-    mine, other = [1.0, 3.0], [1.2, 0.6]  # per trial step: (0,), then (1,)
-    t = 0.0
-    for step, span in enumerate([0.1] * plan_clock.SETTLE + mine):
-        t += 9.0
-        stamps = tf.constant([[t], [t + span]], tf.float64)
-        plan_clock.record(clock, tf.unstack(stamps[0]), tf.unstack(stamps[1]))
-        group = _TwoWorkers(other if step >= plan_clock.SETTLE else [0.0, 0.0])
-        replan.step_end(timing, group, stamps[1, -1] - stamps[0, 0])
-    assert choices.numpy().tolist() == [1]
-    # The mean over the workers (1.1 against 1.8) would have kept (0,).
+    seen = _run_exchanges(
+        timing, _TwoWorkers([1.4, 0.6]), [9.0] * 3 + [1.0, 1.2, 9.0]
+    )
+    np.testing.assert_allclose(planner.periods.numpy(), [1.0, 1.2])
+    assert seen[-1] == (1,)
 
 
 def test_a_checkpoint_of_other_buckets_keeps_this_runs_plan(

@@ -102,9 +102,10 @@ class Auto(Compressor):
             predictions are within `trial_margin` of each other; the
             plans that differ by such candidates (at most 6) take turns
             step by step for this many rounds, and the one whose steps'
-            exchanges (first bucket ready to last bucket done, on the
-            worker ready last: the shortest over the workers) have the
-            shortest median is kept. None:
+            periods (first bucket ready to the next step's, the mean
+            over the workers) have the shortest median is kept; the
+            trials take one step more, which measures the last one's
+            period. None:
             the predicted plan, untried.
         trial_margin: how close (a factor) a candidate's prediction for
             a bucket must be to the chosen one's to be tried there. The

@@ -159,7 +159,7 @@ class AutoPlan(NamedTuple):
             rows += [
                 "",
                 f"Tried step by step in turn before settling (the shortest "
-                f"median exchange span wins), {len(self.contenders)} plans: "
+                f"median step period wins), {len(self.contenders)} plans: "
                 f"{tried}.",
             ]
         if measured:

@@ -416,7 +416,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
     def plan_report(self):
         """With a measured `plan`: its predicted exchange against the
         measured one, means over the steps so far (`PlanReport`: `text()`,
-        `error`; with trials, each contender's spans in `trials`); None
+        `error`; with trials, each contender's periods in `trials`); None
         before any step was counted or without such a plan. Call outside
         `tf.function`."""
         timing = getattr(self, "_timing", None)
@@ -429,7 +429,7 @@ class CompressedOptimizer(keras.optimizers.Optimizer):
         )
         if found is None or timing.replanner is None:
             return found
-        return found._replace(trials=replan.trial_spans(timing.replanner))
+        return found._replace(trials=replan.trial_periods(timing.replanner))
 
     @property
     def plan(self):

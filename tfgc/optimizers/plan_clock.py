@@ -215,8 +215,8 @@ class PlanReport(NamedTuple):
         critical: `exposed` on the worker ready last, which waits for no
             other: the exchange's own part of it (the rest is this
             worker's wait for that one, which no plan changes).
-        trials: with trials, this worker's span of each contender's
-            trial steps, [contenders][rounds] (`replan.trial_spans`).
+        trials: with trials, this worker's period of each contender's
+            trial steps, [contenders][rounds] (`replan.trial_periods`).
     """
 
     exchanges: int

@@ -4,13 +4,13 @@ Trials (`Auto(trial_steps=W)`): the contenders (`auto_plan.contenders`:
 plans whose predictions the start-up measurement cannot tell apart) take
 turns step by step for W rounds (in reverse order every other round),
 so that a slow spell of the machine falls on each alike. Each step is
-measured by its span, from its first bucket's gradients to its last
-bucket's sums (a step's period would also carry the previous step's
-exchange, another contender's). Of each step the shortest span over the
-workers counts: that of the worker whose gradients were ready last, which
-waits for no one (every other worker's span adds its wait for that one,
-the workers' skew, not the codec's cost); the contender with the
-shortest median of those wins.
+measured by its period, from its first bucket's gradients to the next
+step's (known one step later): all the step costs, its exchange and
+whatever of the codec's compute delays the next step, and nothing of the
+next step's contender, whose exchange starts after that stamp. The
+periods are averaged over the workers (each worker's differs from the
+others' only by how the workers' skew changed); the contender with the
+shortest median wins.
 
 Revisions (`Auto(replan_every=N)`): every N steps after the trials the
 planner's predictions are corrected by what each codec measured, and
@@ -52,8 +52,8 @@ class Replanner(NamedTuple):
         contenders: the plans tried in turn in the first counted steps
             (`AutoPlan.contenders`); fewer than two: no trials.
         window: the rounds of the trials (steps each contender runs).
-        spans: float64 [window * contenders]: each trial step's span,
-            round by round.
+        periods: float64 [window * contenders]: each trial step's
+            period, round by round.
     """
 
     every: int | None
@@ -64,7 +64,7 @@ class Replanner(NamedTuple):
     min_speedup: float
     contenders: tuple[tuple[int, ...], ...]
     window: int
-    spans: tf.Variable
+    periods: tf.Variable
 
     @classmethod
     def create(
@@ -94,13 +94,16 @@ class Replanner(NamedTuple):
             auto.min_speedup,
             contenders,
             window,
-            made("spans", (max(len(contenders), 1) * window,)),
+            made("periods", (max(len(contenders), 1) * window,)),
         )
 
     @property
     def trial_steps(self) -> int:
-        """Counted steps the trials take (0: none)."""
-        return len(self.contenders) * self.window
+        """Counted steps the trials take (0: none): each contender's
+        window, and one more that measures the last one's period."""
+        if not self.contenders:
+            return 0
+        return len(self.contenders) * self.window + 1
 
 
 def enabled(auto, plan) -> bool:
@@ -118,7 +121,7 @@ def trial_exchanges(auto, plan) -> int:
     (0 without trials). Revisions may change the plan again later."""
     if not enabled(auto, plan) or len(plan.contenders) < 2:
         return 0
-    return plan_clock.SETTLE + len(plan.contenders) * auto.trial_steps
+    return plan_clock.SETTLE + len(plan.contenders) * auto.trial_steps + 1
 
 
 def used(auto, plan) -> set[int]:
@@ -148,13 +151,13 @@ def pick(corrected: tf.Tensor, dense, min_speedup: float) -> tf.Tensor:
     return tf.where(stay_dense, best_dense, fastest)
 
 
-def step_end(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
-    """After a timed exchange whose span (first bucket ready to last
-    bucket done, seconds) was `span`: a trial step's record or a
+def step_end(timing: plan_clock.Timing, group, period: tf.Tensor) -> None:
+    """After a timed exchange, `period` seconds after the one before (from
+    first bucket ready to first bucket ready): a trial step's record or a
     revision, where one is due (the same steps on every worker: the clock
     counts alike)."""
     if timing.replanner.contenders:
-        _trial_step(timing, group, span)
+        _trial_step(timing, group, period)
     if timing.replanner.every is not None:
         _revise_when_due(timing, group)
 
@@ -179,46 +182,49 @@ def _turn(slot, count: int):
     return tf.where((slot // count) % 2 == 0, position, count - 1 - position)
 
 
-def trial_spans(planner: Replanner) -> tuple[tuple[float, ...], ...]:
-    """This worker's spans (seconds) of each contender's trial steps,
+def trial_periods(planner: Replanner) -> tuple[tuple[float, ...], ...]:
+    """This worker's periods (seconds) of each contender's trial steps,
     [contenders][rounds], in `contenders` order (zeros for steps not yet
-    run); () without trials. The trials keep the shortest median of
-    these, each the shortest over the workers
-    (`plan_clock.shortest_over_workers`). Call outside `tf.function`."""
+    measured); () without trials. The trials keep the shortest median of
+    these, each the mean over the workers. Call outside `tf.function`."""
     if len(planner.contenders) < 2:
         return ()
-    rounds = _by_contender(planner.spans, planner.window).numpy()
+    rounds = _by_contender(planner.periods, planner.window).numpy()
     return tuple(tuple(float(v) for v in row) for row in rounds.T)
 
 
-def _by_contender(spans, window: int) -> tf.Tensor:
-    """The trial steps' `spans` [window * contenders] as [window,
+def _by_contender(periods, window: int) -> tf.Tensor:
+    """The trial steps' `periods` [window * contenders] as [window,
     contenders], a column per contender (odd rounds ran in reverse)."""
-    rounds = tf.reshape(spans, [window, -1])
+    rounds = tf.reshape(periods, [window, -1])
     even = tf.range(window) % 2 == 0
     return tf.where(even[:, None], rounds, rounds[:, ::-1])
 
 
-def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
-    """In the trials, counted step c ran contender `_turn(c - 1)`: its
-    span is kept, and the next contender takes over; after the last
-    round the one with the shortest median span (each step's shortest
-    over the workers: the same on every worker)."""
+def _trial_step(timing: plan_clock.Timing, group, period: tf.Tensor) -> None:
+    """In the trials, counted exchange c ran contender `_turn(c - 1)`;
+    its period, from its first bucket's gradients to the next exchange's,
+    is known at exchange c + 1, which keeps it. After the last round (one
+    exchange later) the contender with the shortest median period (each
+    the mean over the workers: the same on every worker) runs from then
+    on."""
     clock, planner = timing.clock, timing.replanner
     count, window = len(planner.contenders), planner.window
     step = tf.cast(_counted(clock), tf.int32)  # this exchange's, from 1
     plans = tf.constant(planner.contenders, tf.int32)
 
-    def record():
-        spans = tf.tensor_scatter_nd_update(planner.spans, [[step - 1]], [span])
-        planner.spans.assign(spans)
+    def trial():
+        # Exchange 1's period is the last uncounted exchange's.
+        at = tf.maximum(step - 2, 0)
+        kept = tf.tensor_scatter_nd_update(planner.periods, [[at]], [period])
+        periods = tf.where(step >= 2, kept, planner.periods)
+        planner.periods.assign(periods)
 
         def next_contender():
             timing.choices.assign(tf.gather(plans, _turn(step, count)))
 
         def settle():
-            shortest = plan_clock.shortest_over_workers(spans, group)
-            rounds = _by_contender(shortest, window)
+            rounds = _by_contender(_agreed(periods, group), window)
             ordered = tf.sort(rounds, axis=0)
             median = (ordered[(window - 1) // 2] + ordered[window // 2]) / 2
             best = tf.argmin(median, output_type=tf.int32)
@@ -227,10 +233,10 @@ def _trial_step(timing: plan_clock.Timing, group, span: tf.Tensor) -> None:
             planner.since_busy.assign(clock.busy)
             planner.since_seen.assign(clock.seen)
 
-        tf.cond(step == count * window, settle, next_contender)
+        tf.cond(step == count * window + 1, settle, next_contender)
 
-    in_trials = tf.logical_and(step >= 1, step <= count * window)
-    tf.cond(in_trials, record, lambda: None)
+    in_trials = tf.logical_and(step >= 1, step <= count * window + 1)
+    tf.cond(in_trials, trial, lambda: None)
 
 
 def _revise_when_due(timing: plan_clock.Timing, group) -> None:

@@ -109,7 +109,8 @@ class ReplicaValues(tf.__internal__.tracking.Trackable):
             raise ValueError(
                 f"The checkpoint holds {len(restored_tensors) - 1} "
                 f"per-replica variables and this optimizer {count}: it was "
-                "saved with another model, compressor or inner optimizer."
+                "saved with another model, compressor, inner optimizer or "
+                "tfgc version."
             )
         stacked = [restored_tensors[str(i)].numpy() for i in range(count)]
         self._load(int(restored_tensors[REPLICAS_KEY]), stacked)
@@ -195,8 +196,8 @@ class Saver:
                 f"The saved optimizer {self._name!r} has "
                 f"{len(store.keys()) - 1} variables and this one "
                 f"{len(variables)}: it was saved with another model, "
-                "compressor, error_feedback or inner optimizer. Build the "
-                "same configuration to load it."
+                "compressor, error_feedback, inner optimizer or tfgc "
+                "version. Build the same configuration to load it."
             )
         stacked = []
         for i, variable in enumerate(variables):

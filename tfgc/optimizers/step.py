@@ -212,9 +212,10 @@ def exchange_in_buckets(
         traffic = Traffic(*(a + b for a, b in zip(traffic, more)))
     if ready is not None:
         done = [plan_clock.stamp_after([out[i] for i in b]) for b in buckets]
+        period = ready[0] - timing.clock.previous  # read before `finish`
         plan_clock.finish(timing, ready, done, replica_id() == 0)
         if timing.replanner is not None:
-            replan.step_end(timing, workers, done[-1] - ready[0])
+            replan.step_end(timing, workers, period)
     joined = tf.concat(verdicts, axis=1) if verdicts else None
     return Exchanged(out, traffic, joined, columns, done_plans, states, buckets)
 
