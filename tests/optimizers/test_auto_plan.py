@@ -473,10 +473,10 @@ def test_the_clock_times_each_bucket_from_when_it_could_start():
     # Exchanges 10 s apart; bucket 1 ready 1 s after bucket 0, which is
     # on the wire until 3 s after its ready stamp; bucket 1 done at 4 s.
     for n in range(plan_clock.SETTLE + 2):
-        plan_clock.share_last(clock, _Alone())
         t = 10.0 * n
         stamps = tf.constant([[t, t + 1.0], [t + 3.0, t + 4.0]], tf.float64)
         plan_clock.record(clock, tf.unstack(stamps[0]), tf.unstack(stamps[1]))
+        plan_clock.share_when_due(clock, _Alone())
     found = plan_clock.report(
         [v.numpy() for v in clock.sums()], predicted=(1.0, 0.5)
     )
@@ -515,13 +515,14 @@ def test_the_prediction_keeps_the_wait_for_the_worker_ready_last():
     clock = _clock(1)
     # This worker's gradients are ready at 0 s, its sums at 3 s; the
     # other worker's were ready at 2 s: this one waited 2 s of the 3.
-    for n in range(plan_clock.SETTLE + 3):
-        plan_clock.share_last(clock, _WorkerReadyLast(2.0))
+    every = plan_clock.SHARE_EVERY
+    for n in range(plan_clock.SETTLE + every + 3):
         t = 10.0 * n
         stamps = tf.constant([[t], [t + 3.0]], tf.float64)
         plan_clock.record(clock, tf.unstack(stamps[0]), tf.unstack(stamps[1]))
-    # Two of the three counted exchanges shared so far.
-    assert clock.critical.numpy() == pytest.approx(2.0)
+        plan_clock.share_when_due(clock, _WorkerReadyLast(2.0))
+    # The first `every` counted exchanges shared; the last 3 not yet.
+    assert clock.critical.numpy() == pytest.approx(1.0 * every)
     found = plan_clock.report([v.numpy() for v in clock.sums()], (0.5,))
     assert found.exposed == pytest.approx(3.0)
     assert found.critical == pytest.approx(1.0)

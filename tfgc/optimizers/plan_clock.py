@@ -12,10 +12,15 @@ stamps. Sums over the counted exchanges are kept in variables; the first
 exchange left after the last gradient is also summed as the worker whose
 gradients were ready last saw it: the other workers' includes their wait
 for that one, the workers' skew, which the prediction keeps as measured,
-as it keeps the backward pass. That takes one all-gather of a number,
-made at the start of the next exchange (`share_last`), while the
-backward pass runs, not after the step's last bucket, where every step
-would wait for it.
+as it keeps the backward pass. Each worker keeps its own of the last
+`SHARE_EVERY` exchanges, and after every `SHARE_EVERY`-th one the workers
+share them (`share_when_due`: one all-gather of that many numbers).
+Shared every step, the gather added a collective to every step; made at
+a step's start, it held up a bucket whose exchange is a switch (trials,
+revisions, a codec with phases), compression included, until it
+completed, which on loaded cores was late in the backward pass
+(automatic control dependencies order every user of the collectives'
+ordering token).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from tfgc.core import bucket_costs
 
 #: Exchanges not counted at the start.
 SETTLE = 3
+#: Counted exchanges between two shares of the workers' exposed parts.
+SHARE_EVERY = 8
 #: How far (a fraction of the measured step) the predicted step may be
 #: off before the check warns.
 TOLERANCE = 0.25
@@ -52,9 +59,9 @@ class Clock(NamedTuple):
         critical: the same on the worker whose gradients were ready last
             (each exchange's shortest over the workers): `exposed` less
             this worker's wait for that one, the workers' skew; summed
-            one exchange late (`share_last`).
-        last_exposed: this worker's `exposed` of the last exchange, for
-            the next one to share (where it was counted).
+            `SHARE_EVERY` exchanges at a time (`share_when_due`).
+        unshared: [SHARE_EVERY] this worker's exposed part of the counted
+            exchanges since the last share, in order.
     """
 
     seen: tf.Variable
@@ -64,7 +71,7 @@ class Clock(NamedTuple):
     busy: tf.Variable
     exposed: tf.Variable
     critical: tf.Variable
-    last_exposed: tf.Variable
+    unshared: tf.Variable
 
     @classmethod
     def create(cls, add_variable: Callable[..., tf.Variable], buckets: int):
@@ -84,7 +91,7 @@ class Clock(NamedTuple):
             made("busy", (buckets,)),
             made("exposed"),
             made("critical"),
-            made("last_exposed"),
+            made("unshared", (SHARE_EVERY,)),
         )
 
     def sums(self) -> list:
@@ -169,22 +176,37 @@ def record(clock: Clock, ready: Sequence, done: Sequence) -> None:
     clock.busy.assign_add(weight * busy)
     exposed = done[-1] - tf.reduce_max(ready)
     clock.exposed.assign_add(weight * exposed)
-    clock.last_exposed.assign(exposed)
+    slot = tf.cast(tf.maximum(clock.seen - SETTLE, 0.0), tf.int32)
+    kept = tf.tensor_scatter_nd_update(
+        clock.unshared, [[slot % SHARE_EVERY]], [exposed]
+    )
+    clock.unshared.assign(tf.where(counted, kept, clock.unshared))
     clock.previous.assign(ready[0])
     clock.seen.assign_add(1.0)
 
 
-def share_last(clock: Clock, group) -> None:
-    """Adds the last exchange's exposed part as the worker ready last saw
-    it (the shortest over the workers of `group`) to `critical`: call at
-    an exchange's start, before its stamps, so that the all-gather runs
-    while the backward pass does. Refused under XLA, as the stamps are
-    (before this gather, which XLA refuses on CPUs for another reason)."""
+def shared_count(counted: int) -> int:
+    """Of `counted` exchanges, how many `critical` holds."""
+    return counted - counted % SHARE_EVERY
+
+
+def share_when_due(clock: Clock, group) -> None:
+    """After `record`, every `SHARE_EVERY` counted exchanges: adds their
+    exposed parts as the worker ready last saw them (each the shortest
+    over the workers of `group`) to `critical`. Refused under XLA, as the
+    stamps are (before this gather, which XLA refuses on CPUs for another
+    reason)."""
     _refuse_xla()
-    last = tf.convert_to_tensor(clock.last_exposed)
-    shortest = shortest_over_workers(last[None], group)[0]
-    counted = clock.seen > SETTLE  # the last exchange was
-    clock.critical.assign_add(tf.where(counted, shortest, 0.0))
+    counted = clock.seen - SETTLE
+
+    def share():
+        unshared = tf.convert_to_tensor(clock.unshared)
+        shortest = shortest_over_workers(unshared, group)
+        clock.critical.assign_add(tf.reduce_sum(shortest))
+
+    every = tf.math.floormod(counted, SHARE_EVERY) == 0
+    due = tf.logical_and(counted > 0, every)
+    tf.cond(due, share, lambda: None)
 
 
 def shortest_over_workers(value: tf.Tensor, group) -> tf.Tensor:
@@ -265,8 +287,8 @@ def report(
     offsets = offsets / n
     step = float(period) / n
     exposed = float(exposed) / n
-    # `critical` has every counted exchange's but the last (`share_last`).
-    critical = float(critical) / (n - 1) if n > 1 else exposed
+    shared = shared_count(n)
+    critical = float(critical) / shared if shared else exposed
     end = bucket_costs.pipelined_seconds(
         offsets.tolist(),
         list(predicted),
@@ -297,10 +319,12 @@ def warn_if_off(found: PlanReport | None) -> None:
         )
 
 
-def finish(timing: Timing, ready, done, checks: bool) -> None:
-    """Records an exchange's stamps; with `checks` (one replica of the
-    chief) also checks the prediction when due."""
+def finish(timing: Timing, ready, done, group, checks: bool) -> None:
+    """Records an exchange's stamps and shares them with the workers of
+    `group` when due; with `checks` (one replica of the chief) also checks
+    the prediction when due."""
     record(timing.clock, ready, done)
+    share_when_due(timing.clock, group)
     if checks and timing.check_after is not None:
         check_when_due(
             timing.clock,

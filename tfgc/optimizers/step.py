@@ -175,8 +175,6 @@ def exchange_in_buckets(
     groups = _groups(plans, [tensors[i] for i in present], bucket_bytes)
     ready = None
     if timing is not None and len(groups) == len(timing.table):
-        workers = communicator.group()
-        plan_clock.share_last(timing.clock, workers)
         # All before any exchange: see plan_clock.
         ready = [
             plan_clock.stamp_after([tensors[present[j]] for j in group])
@@ -213,7 +211,8 @@ def exchange_in_buckets(
     if ready is not None:
         done = [plan_clock.stamp_after([out[i] for i in b]) for b in buckets]
         period = ready[0] - timing.clock.previous  # read before `finish`
-        plan_clock.finish(timing, ready, done, replica_id() == 0)
+        workers = communicator.group()
+        plan_clock.finish(timing, ready, done, workers, replica_id() == 0)
         if timing.replanner is not None:
             replan.step_end(timing, workers, period)
     joined = tf.concat(verdicts, axis=1) if verdicts else None
