@@ -99,11 +99,16 @@ class Replanner(NamedTuple):
 
     @property
     def trial_steps(self) -> int:
-        """Counted steps the trials take (0: none): each contender's
-        window, and one more that measures the last one's period."""
+        """Counted steps the trials take (0: none)."""
         if not self.contenders:
             return 0
-        return len(self.contenders) * self.window + 1
+        return _trial_count(len(self.contenders), self.window)
+
+
+def _trial_count(contenders: int, window: int) -> int:
+    """Counted exchanges of the trials: each contender's window, and one
+    more that measures the last one's period."""
+    return contenders * window + 1
 
 
 def enabled(auto, plan) -> bool:
@@ -121,7 +126,9 @@ def trial_exchanges(auto, plan) -> int:
     (0 without trials). Revisions may change the plan again later."""
     if not enabled(auto, plan) or len(plan.contenders) < 2:
         return 0
-    return plan_clock.SETTLE + len(plan.contenders) * auto.trial_steps + 1
+    return plan_clock.SETTLE + _trial_count(
+        len(plan.contenders), auto.trial_steps
+    )
 
 
 def used(auto, plan) -> set[int]:
@@ -212,6 +219,7 @@ def _trial_step(timing: plan_clock.Timing, group, period: tf.Tensor) -> None:
     count, window = len(planner.contenders), planner.window
     step = tf.cast(_counted(clock), tf.int32)  # this exchange's, from 1
     plans = tf.constant(planner.contenders, tf.int32)
+    last = _trial_count(count, window)
 
     def trial():
         # Exchange 1's period is the last uncounted exchange's.
@@ -233,9 +241,9 @@ def _trial_step(timing: plan_clock.Timing, group, period: tf.Tensor) -> None:
             planner.since_busy.assign(clock.busy)
             planner.since_seen.assign(clock.seen)
 
-        tf.cond(step == count * window + 1, settle, next_contender)
+        tf.cond(step == last, settle, next_contender)
 
-    in_trials = tf.logical_and(step >= 1, step <= count * window + 1)
+    in_trials = tf.logical_and(step >= 1, step <= last)
     tf.cond(in_trials, trial, lambda: None)
 
 
