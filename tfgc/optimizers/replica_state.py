@@ -264,7 +264,9 @@ class Saver:
         warnings.warn(
             f"The optimizer {self._name!r} was saved with a plan of other "
             "buckets than the one this run measured at build "
-            "(compressor='auto'): this run's plan is kept, its timings and "
+            "(compressor='auto'), or by a tfgc version that kept the "
+            "plan's timings in other shapes: this run's plan is kept, its "
+            "timings and "
             "trials from the start; the weights and every compressor's "
             "state are restored. To keep the saved plan, build with "
             "Auto(choices=...) set to the saved run's `optimizer.plan."

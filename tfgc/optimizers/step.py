@@ -210,7 +210,10 @@ def exchange_in_buckets(
         traffic = Traffic(*(a + b for a, b in zip(traffic, more)))
     if ready is not None:
         done = [plan_clock.stamp_after([out[i] for i in b]) for b in buckets]
-        period = ready[0] - timing.clock.previous  # read before `finish`
+        if timing.replanner is not None:
+            # The last exchange's period (its first bucket ready to this
+            # one's), read before `finish` moves the clock's stamp on.
+            period = ready[0] - timing.clock.previous
         workers = communicator.group()
         plan_clock.finish(timing, ready, done, workers, replica_id() == 0)
         if timing.replanner is not None:
