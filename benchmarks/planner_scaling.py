@@ -29,7 +29,10 @@ step whose parts are each fitted or measured:
 - The step: one device runs the backward pass and every codec, a bucket's
   codec as soon as its gradients exist (before the next layer's, as on
   one CPU or one GPU compute stream); the wire carries one bucket at a
-  time in exchange order, each once it is compressed. Decompression is
+  time in exchange order, each once it is compressed. A plan's units are
+  joined into exchange buckets as the planner joins them (`auto_plan.
+  join`: ACP-SGD's neighbouring units travel in one bucket), and each
+  joined bucket is priced whole. Decompression is
   counted with compression, before the wire: the device's work is the
   same, only the last bucket's order differs.
 
@@ -163,33 +166,66 @@ class Setting(NamedTuple):
     """One worker count and link rate, as the simulation sees it.
 
     Attributes:
-        predicted: per bucket, the planner's `BucketChoice` (each
-            candidate's predicted exchange seconds, its choice).
+        settings: the planner's settings (`planning.Settings`).
+        communicator: the default communicator on `workers` workers.
+        collectives: the ring's collective costs at `rate`.
+        codecs: per candidate, the planner's codec model.
         one_payload: the same from codecs timed on one payload.
-        wire: per bucket, each candidate's collectives alone (seconds).
-        truth: per candidate, per bucket, its codec's seconds timed with
+        truth: per candidate, per unit, its codec's seconds timed with
             distinct payloads.
     """
 
     workers: int
     rate: str
-    predicted: tuple
+    settings: planning.Settings
+    communicator: object
+    collectives: CollectiveCosts
+    codecs: tuple
     one_payload: tuple
-    wire: tuple
     truth: list
 
+    def choices(self, variables, units, codecs, joins=True) -> list[int]:
+        """The planner's choice per unit with the codec model `codecs`
+        (`joins=False`: each unit priced alone, as the planner chose
+        before it priced joins)."""
+        args = (self.communicator, self.collectives, codecs)
+        per_unit = auto_plan.choose(self.settings, variables, units, *args)
+        if not joins:
+            return [b.choice for b in per_unit]
+        return auto_plan.choose_joined(
+            self.settings, variables, units, *args, per_unit
+        )
 
-def plan_row(setting: Setting, name: str, plan, start, gaps) -> dict:
-    """The simulated and predicted step of `plan` (a candidate per
-    bucket)."""
-    buckets = range(len(plan))
-    codec = [setting.truth[plan[b]][b] for b in buckets]
-    wire = [setting.wire[b].seconds[plan[b]] for b in buckets]
-    step, ready = simulate(start, gaps, codec, wire)
 
-    def predicted(choices):
-        exchange = [choices[b].seconds[plan[b]] for b in buckets]
-        compute = [choices[b].compute[plan[b]] for b in buckets]
+def plan_row(setting: Setting, name, plan, variables, units, start, gaps):
+    """The simulated and predicted step of `plan` (a candidate per unit),
+    its units joined into exchange buckets as the planner joins them."""
+    joined = auto_plan.join(
+        setting.settings, variables, units, plan, setting.communicator
+    )
+    free = [CodecCosts(0.0, 0.0)] * len(setting.codecs)
+
+    def price(group, codecs, c):
+        seconds, _, compute = auto_plan.price(
+            setting.settings, variables, group, setting.communicator,
+            setting.collectives, codecs,
+        )  # fmt: skip
+        return seconds[c], compute[c]
+
+    bucket_gaps, codec, wire, model, one_payload = [], [], [], [], []
+    first = 0
+    for group, c, count in joined:
+        members = range(first, first + count)
+        first += count
+        bucket_gaps.append(sum(gaps[u] for u in members))
+        codec.append(sum(setting.truth[c][u] for u in members))
+        wire.append(price(group, free, c)[0])
+        model.append(price(group, setting.codecs, c))
+        one_payload.append(price(group, setting.one_payload, c))
+    step, ready = simulate(start, bucket_gaps, codec, wire)
+
+    def predicted(prices):
+        exchange, compute = zip(*prices)
         end = bucket_costs.pipelined_seconds(ready, exchange, compute)
         return max(end, ready[-1])
 
@@ -197,13 +233,12 @@ def plan_row(setting: Setting, name: str, plan, start, gaps) -> dict:
         "workers": setting.workers,
         "rate": setting.rate,
         "plan": name,
+        "buckets": len(joined),
         "simulated_s": step,
-        "predicted_s": predicted(setting.predicted),
-        "predicted_one_payload_s": predicted(setting.one_payload),
+        "predicted_s": predicted(model),
+        "predicted_one_payload_s": predicted(one_payload),
         "codec_truth_s": sum(codec),
-        "codec_model_s": sum(
-            setting.predicted[b].compute[plan[b]] for b in buckets
-        ),
+        "codec_model_s": sum(compute for _, compute in model),
         "wire_s": sum(wire),
     }
 
@@ -271,40 +306,40 @@ def main(argv=None) -> int:
             for c in range(len(auto.candidates))
         ]
 
-    def choose(communicator, collectives, codecs):
-        return auto_plan.choose(
-            settings(communicator), variables, groups, communicator,
-            collectives, codecs,
-        )  # fmt: skip
-
     one_payload = model_codecs(1)
-    free = [CodecCosts(0.0, 0.0)] * len(auto.candidates)
     rows = []
     for workers in counts:
         t0 = time.perf_counter()
         codecs, truth = model_codecs(workers), truth_codecs(workers)
         communicator = communicator_of(workers)
         for rate in rates:
-            collectives = ring(fitted, workers, parse_rate(rate))
             setting = Setting(
                 workers,
                 rate,
-                choose(communicator, collectives, codecs),
-                choose(communicator, collectives, one_payload),
-                choose(communicator, collectives, free),
+                settings(communicator),
+                communicator,
+                ring(fitted, workers, parse_rate(rate)),
+                tuple(codecs),
+                tuple(one_payload),
                 truth,
             )
             plans = [
                 (label, [c] * len(groups)) for c, label in enumerate(labels)
             ] + [
-                ("auto", [b.choice for b in setting.predicted]),
+                ("auto", setting.choices(variables, groups, codecs)),
                 (
                     "auto, one-payload model",
-                    [b.choice for b in setting.one_payload],
+                    setting.choices(variables, groups, one_payload),
+                ),
+                (
+                    "auto, units priced alone",
+                    setting.choices(variables, groups, codecs, joins=False),
                 ),
             ]
             mine = [
-                plan_row(setting, name, plan, forward_s, gaps)
+                plan_row(
+                    setting, name, plan, variables, groups, forward_s, gaps
+                )
                 for name, plan in plans
             ]
             best = min(r["simulated_s"] for r in mine)
@@ -312,7 +347,7 @@ def main(argv=None) -> int:
                 r["choices"] = [labels[c] for c in plan]
                 r["vs_best"] = r["simulated_s"] / best
             rows += mine
-            auto_row = mine[-2]
+            auto_row = next(r for r in mine if r["plan"] == "auto")
             print(
                 f"[scaling] {workers} workers, {rate}: auto "
                 f"{'/'.join(sorted(set(auto_row['choices'])))} "
@@ -359,10 +394,10 @@ def write_report(result: dict, out: str) -> None:
         lines += [
             f"## {rate}",
             "",
-            "| workers | plan | simulated ms | predicted ms | error | "
-            "one-payload ms | error | codec ms (truth / model) | wire ms | "
-            "vs best |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| workers | plan | buckets | simulated ms | predicted ms | "
+            "error | one-payload ms | error | codec ms (truth / model) | "
+            "wire ms | vs best |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rows:
             if r["rate"] != rate:
@@ -372,7 +407,8 @@ def write_report(result: dict, out: str) -> None:
             if name.startswith("auto"):
                 name += f" ({'/'.join(sorted(set(r['choices'])))})"
             lines.append(
-                f"| {r['workers']} | {name} | {1e3 * sim:,.1f} | "
+                f"| {r['workers']} | {name} | {r['buckets']} | "
+                f"{1e3 * sim:,.1f} | "
                 f"{1e3 * r['predicted_s']:,.1f} | "
                 f"{100 * (r['predicted_s'] - sim) / sim:+.0f} % | "
                 f"{1e3 * r['predicted_one_payload_s']:,.1f} | "
@@ -402,7 +438,10 @@ def plot(rows, path) -> None:
             if name == "auto, one-payload model":
                 continue
             pts = [r for r in mine if r["plan"] == name]
-            style = {"lw": 3, "color": "k"} if name == "auto" else {}
+            style = {
+                "auto": {"lw": 3, "color": "k"},
+                "auto, units priced alone": {"ls": "--", "color": "grey"},
+            }.get(name, {})
             ax.plot(
                 [r["workers"] for r in pts],
                 [1e3 * r["simulated_s"] for r in pts],

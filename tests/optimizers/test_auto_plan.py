@@ -237,6 +237,62 @@ def test_a_compressor_that_is_barely_faster_leaves_the_bucket_dense():
     assert large.choice == 0
 
 
+def _joined_choices(collectives, codecs):
+    """(each unit's own choice, the choices counting joins) for three
+    2048 x 2048 kernels, a unit each, among 4 workers: identity, TopK at
+    1 % and ACP-SGD at rank 4."""
+    auto = compressors.Auto(
+        candidates=["identity", TOPK, compressors.ACPSGD(rank=4)]
+    )
+    flat = _FourWorkers()
+    settings = planning.Settings(auto, flat, True, 0, 0, 0)
+    variables = [_Variable(2048, 2048) for _ in range(3)]
+    units = [[2], [1], [0]]
+    per_unit = auto_plan.choose(
+        settings, variables, units, flat, collectives, codecs
+    )
+    joined = auto_plan.choose_joined(
+        settings, variables, units, flat, collectives, codecs, per_unit
+    )
+    return [b.choice for b in per_unit], joined
+
+
+# TopK's codec a quarter of ACP-SGD's per element.
+TOPK_FASTER = (
+    CodecCosts(0.0, 0.0),
+    CodecCosts(0.0, 1e-9),
+    CodecCosts(0.0, 4e-9),
+)
+
+
+def test_units_share_a_joining_codec_where_one_cost_beats_faster_codecs():
+    # 50 ms fixed a collective: TopK per unit 54.5 ms, ACP-SGD 66.8 ms,
+    # dense 66.8 ms; ACP-SGD's three units in one bucket 100.5 ms
+    # against TopK's 163.6 ms.
+    slow = CollectiveCosts(Line(0.05, 1e-9), Line(0.05, 1e-9))
+    own, joined = _joined_choices(slow, TOPK_FASTER)
+    assert own == [1, 1, 1]
+    assert joined == [2, 2, 2]
+    # Without fixed costs, joining saves nothing: TopK stays.
+    free = CollectiveCosts(Line(0.0, 1e-9), Line(0.0, 1e-9))
+    assert _joined_choices(free, TOPK_FASTER) == ([1, 1, 1], [1, 1, 1])
+
+
+def test_a_join_is_weighed_against_dense_as_one_bucket_is():
+    # Everything fixed cost: one dense all-reduce per unit (3 x 50 ms)
+    # against ACP-SGD's one for all three (50 ms, counted 1.05x) and its
+    # codec; ACP-SGD's codec at 30 ms per unit makes it 1.05 x 140 ms
+    # against 150: joined. At 35 ms, 1.05 x 155 > 150: dense.
+    fixed = CollectiveCosts(Line(0.05, 0.0), Line(0.05, 0.0))
+    for per_unit_codec, expected in ((0.030, [2, 2, 2]), (0.035, [0, 0, 0])):
+        codecs = (
+            CodecCosts(0.0, 0.0),
+            CodecCosts(1.0, 0.0),  # TopK out of the running
+            CodecCosts(per_unit_codec, 0.0),
+        )
+        assert _joined_choices(fixed, codecs)[1] == expected
+
+
 # --- on replicas --------------------------------------------------------------
 
 

@@ -11,10 +11,12 @@ synthetic workloads of heavy-tailed values), averages every number over the
 workers, predicts each unit's exchange time under every candidate
 (`tfgc.core.bucket_costs`) and gives the unit the fastest, unless
 that one compresses and is within `Auto.min_speedup` of the fastest
-dense one. Neighbouring units that chose a codec which sizes its own
-buckets (ACP-SGD, by what it sends) are then joined as that codec joins
-them on its own (`join`): the exchange buckets. Every worker computes the
-same choices from the same numbers.
+dense one; or, where that takes fewer predicted seconds in all, the
+codec which sizes its own buckets (ACP-SGD, by what it sends) that its
+neighbours share (`choose_joined`). Neighbouring units that chose such a
+codec are then joined as that codec joins them on its own (`join`): the
+exchange buckets. Every worker computes the same choices from the same
+numbers.
 
 See docs/algorithms.md, "The planner".
 """
@@ -330,15 +332,16 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
     per_unit = choose(
         settings, var_list, units, communicator, collectives, codecs
     )
-    joined = join(
-        settings, var_list, units, [b.choice for b in per_unit], communicator
+    choices = choose_joined(
+        settings, var_list, units, communicator, collectives, codecs, per_unit
     )
+    joined = join(settings, var_list, units, choices, communicator)
     # A unit left alone keeps its prices; joined units are priced again.
     alone = {b.variables: b for b in per_unit}
     chosen = []
     for g, c, n in joined:
         if n == 1:
-            chosen.append(alone[tuple(g)])
+            chosen.append(alone[tuple(g)]._replace(choice=c))
             continue
         seconds, dense, compute = price(
             settings, var_list, g, communicator, collectives, codecs
@@ -354,6 +357,84 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
         "measured on this cluster, the fastest predicted per bucket",
         contenders(auto, chosen) if auto.trial_steps else (),
     )
+
+
+def choose_joined(
+    settings, var_list, units, communicator, collectives, codecs, per_unit
+) -> list[int]:
+    """Per planning unit, its candidate, counting what a join saves.
+
+    A unit alone takes its own choice (`per_unit`, from `choose`). Units
+    side by side may instead share a codec that sizes its own buckets
+    (ACP-SGD), priced as the one bucket `join` makes of them: one
+    collective per round for all of them, so fewer fixed costs, which on
+    many workers or a slow collective can outweigh a faster codec per
+    unit. Of all such plans, the one whose buckets take the fewest
+    predicted seconds in all, a compressing bucket counted
+    `Auto.min_speedup` times where a dense candidate exists (as `pick`
+    weighs them); dynamic programming over the units in exchange order.
+    """
+    auto = settings.compressor
+    candidates = auto.candidates
+    joining = [c for c, x in enumerate(candidates) if x.spec.bucket_bytes]
+    choices = [b.choice for b in per_unit]
+    if not joining or len(units) < 2:
+        return choices
+    has_dense = any(is_dense(x) for x in candidates)
+    weight = [
+        auto.min_speedup if has_dense and not is_dense(x) else 1.0
+        for x in candidates
+    ]
+    peers = communicator.num_peers
+    loads, sizes = {}, {}
+    for c in joining:
+        for u, group in enumerate(units):
+            variables = [var_list[i] for i in group]
+            loads[u, c] = _loads(
+                settings, candidates[c], variables, communicator, peers
+            )
+            sizes[u, c] = _own_sizes(
+                settings, candidates[c], var_list, group, communicator
+            )
+
+    def joined_seconds(c, start, end):
+        count = max(len(loads[u, c]) for u in range(start, end))
+        phases = [
+            [t for u in range(start, end) for t in _nth(loads[u, c], j)]
+            for j in range(count)
+        ]
+        return bucket_costs.bucket_seconds(phases, codecs[c], collectives)
+
+    # best[k]: the fewest weighted seconds of the first k units; last[k]:
+    # where their last bucket starts and its candidate (None: one unit
+    # with its own choice).
+    best = [0.0]
+    last: list[tuple[int, int | None]] = [(0, None)]
+    for end in range(1, len(units) + 1):
+        own = per_unit[end - 1]
+        best.append(best[-1] + weight[own.choice] * own.seconds[own.choice])
+        last.append((end - 1, None))
+        for c in joining:
+            size = sizes[end - 1, c]
+            for start in range(end - 2, -1, -1):
+                size = [a + b for a, b in zip(size, sizes[start, c])]
+                if max(size) > candidates[c].spec.bucket_bytes:
+                    break
+                cost = best[start] + weight[c] * joined_seconds(c, start, end)
+                if cost < best[end]:
+                    best[end], last[end] = cost, (start, c)
+    end = len(units)
+    while end > 0:
+        start, c = last[end]
+        if c is not None:
+            choices[start:end] = [c] * (end - start)
+        end = start
+    return choices
+
+
+def _nth(phases, j):
+    """Phase j of a codec's loads, its phases taken in turn."""
+    return phases[j % len(phases)]
 
 
 def join(
