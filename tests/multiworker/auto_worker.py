@@ -59,7 +59,10 @@ def main():
         os.path.join(args.out, f"worker{index}.npz"),
         choices=np.array(plan.choices),
         seconds=np.array([b.seconds for b in plan.buckets]),
-        collectives=np.array(plan.collectives, np.float64).ravel(),
+        collectives=np.array(
+            [line for line in plan.collectives if line is not None],
+            np.float64,
+        ).ravel(),
         codecs=np.array(plan.codecs, np.float64).ravel(),
         exchanges=np.array(found.exchanges),
         busy=np.array(found.busy),

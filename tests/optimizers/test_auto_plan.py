@@ -11,6 +11,7 @@ import tensorflow as tf
 import tfgc
 from tests.optimizers.test_buckets import _fit
 from tfgc import communicators, compressors
+from tfgc.communicators.topology import Topology
 from tfgc.core import bucket_costs
 from tfgc.core.bucket_costs import (
     CodecCosts,
@@ -163,18 +164,19 @@ def test_auto_is_saved_with_the_optimizer():
 
 
 def test_auto_refuses_communicators_it_cannot_plan_for():
-    sgd = keras.optimizers.SGD(0.1)
-    with pytest.raises(ValueError, match="flat exchanges"):
-        tfgc.CompressedOptimizer(sgd, "auto", communicator="hierarchical")
     with pytest.raises(ValueError, match="cannot carry"):
         tfgc.CompressedOptimizer(
             keras.optimizers.SGD(0.1), "auto", communicator="allreduce"
         )
-    # All-reduced candidates only: accepted.
+    # All-reduced candidates only: accepted; and the hierarchical
+    # communicator, which carries every payload.
     tfgc.CompressedOptimizer(
         keras.optimizers.SGD(0.1),
         compressors.Auto(candidates=["identity", "fp16", "powersgd"]),
         communicator="allreduce",
+    )
+    tfgc.CompressedOptimizer(
+        keras.optimizers.SGD(0.1), "auto", communicator="hierarchical"
     )
 
 
@@ -293,6 +295,45 @@ def test_a_join_is_weighed_against_dense_as_one_bucket_is():
         assert _joined_choices(fixed, codecs)[1] == expected
 
 
+def test_hierarchical_buckets_add_the_hosts_collectives_to_every_candidate():
+    """Under the hierarchical communicator a candidate's payload is its
+    shard's, among the hosts; every candidate of a sharded gradient also
+    pays the sum and the gather inside the host, and a gradient under the
+    threshold goes dense among all workers."""
+    h = communicators.Hierarchical(dense_threshold=100)
+    h.build(Topology((0, 0, 1, 1), ("/cpu:0",), "test", True))
+    costs = CollectiveCosts(
+        Line(1e-3, 1e-9),  # among the hosts
+        Line(2e-3, 2e-9),
+        host_reduce=Line(1e-4, 1e-10),
+        host_gather=Line(2e-4, 2e-10),
+        everyone=Line(5e-3, 5e-9),
+    )
+    auto = compressors.Auto(candidates=["identity", TOPK])
+    settings = planning.Settings(auto, h, True, 0, 0, 0)
+    kernel, bias = _Variable(64, 64), _Variable(16)
+    codecs = (CodecCosts(0.0, 0.0), CodecCosts(0.0, 1e-9))
+    small, large = auto_plan.choose(
+        settings, [kernel, bias], [[1], [0]], h, costs, codecs
+    )
+    shard = 32 * 64 * 4  # half the rows, a host's two workers
+    inside = 1e-4 + 1e-10 * 2 * shard + 2e-4 + 2e-10 * shard
+    assert large.seconds[0] == pytest.approx(1e-3 + 1e-9 * shard + inside)
+    sparse = TOPK.payload_bytes((32, 64), "float32")
+    assert large.seconds[1] == pytest.approx(
+        1e-9 * 32 * 64 + 2e-3 + 2e-9 * sparse + inside
+    )
+    assert large.dense_seconds == pytest.approx(large.seconds[0])
+    # 16 elements, under the threshold: dense among all four, either way.
+    assert small.seconds == pytest.approx((5e-3 + 5e-9 * 64,) * 2)
+
+
+def test_a_route_without_a_measured_line_is_refused():
+    flat = CollectiveCosts(Line(1e-3, 1e-9), Line(1e-3, 1e-9))
+    with pytest.raises(ValueError, match="'host_reduce'"):
+        flat.seconds(bucket_costs.HOST_REDUCE, 100)
+
+
 # --- on replicas --------------------------------------------------------------
 
 
@@ -398,6 +439,44 @@ def test_a_plan_of_one_codec_trains_as_that_codec(mirrored):
 
 def _topk():
     return compressors.TopK(0.1)
+
+
+def _two_hosts():
+    """Two hosts of two of the four replicas, every gradient sharded."""
+    return {
+        "communicator": communicators.Hierarchical(
+            workers_per_host=2, dense_threshold=0
+        )
+    }
+
+
+def test_a_plan_under_the_hierarchical_communicator_trains_as_its_codec(
+    mirrored,
+):
+    planned = _fit(mirrored, _auto([1] * 4), 600, _two_hosts())
+    alone = _fit(mirrored, _topk, 600, _two_hosts())
+    for a, b in zip(planned, alone):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_auto_measures_the_hosts_collectives_under_the_hierarchical_one(
+    mirrored,
+):
+    auto = compressors.Auto(
+        candidates=["identity", TOPK], trial_steps=None, verbose=False
+    )
+    model, opt = _planned(mirrored, auto, **_two_hosts())
+    with mirrored.scope():
+        opt.build(model.trainable_variables)
+    plan = opt.plan
+    assert plan.num_peers == 2  # the codecs' payloads travel among hosts
+    for line in plan.collectives:
+        assert line is not None and line.fixed >= 0
+    assert plan.collectives.host_reduce.slope > 0
+    assert plan.table().startswith("tfgc Auto plan, 2 hosts (hierarchical)")
+    x = np.random.default_rng(0).normal(size=(64, 12)).astype("float32")
+    model.fit(x, np.zeros((64, 4)), batch_size=32, verbose=0)
+    assert all(np.isfinite(w.numpy()).all() for w in model.weights)
 
 
 ACPSGD = compressors.ACPSGD(rank=2)

@@ -138,6 +138,19 @@ class Communicator:
         """How many workers exchange each compressed payload."""
         return self._topology().num_replicas
 
+    def route(self, shape: tuple[int, ...], collective: str) -> str:
+        """The route (a line of `CollectiveCosts`) a payload of
+        `collective` takes for a gradient of `shape`: the planner's view."""
+        del shape
+        return self.linear_via if collective == ALL_REDUCE else collective
+
+    def host_loads(self, shape: tuple[int, ...], dtype) -> tuple:
+        """What a gradient of `shape` puts on collectives inside its host
+        beside its codec's payloads, as `TensorLoad`s (none: a flat
+        exchange has no such step)."""
+        del shape, dtype
+        return ()
+
     def _topology(self) -> topology_lib.Topology:
         return self.topology or topology_lib.current()
 

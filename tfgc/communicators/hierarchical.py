@@ -12,6 +12,12 @@ from tfgc.communicators.collectives import Group
 from tfgc.communicators.communicator import Communicator, replica_id
 from tfgc.communicators.topology import Topology
 from tfgc.core import wire
+from tfgc.core.bucket_costs import (
+    EVERYONE,
+    HOST_GATHER,
+    HOST_REDUCE,
+    TensorLoad,
+)
 from tfgc.core.wire import num_elements
 
 #: The collectives that can sum a gradient inside a host (step 1), as
@@ -201,10 +207,32 @@ class Hierarchical(Communicator):
         shard_rows = math.ceil(rows / self.per_host)
         return (shard_rows, cols) if len(shape) >= 2 else (shard_rows,)
 
+    def route(self, shape, collective):
+        """A gradient under the size threshold is all-reduced among all
+        workers; a shard's payloads travel among the hosts."""
+        if self.sends_dense(tuple(shape)):
+            return EVERYONE
+        return super().route(shape, collective)
+
+    def host_loads(self, shape, dtype):
+        """A sharded gradient's sum inside the host (each worker puts in
+        the whole gradient, as g shards) and its summed shards gathered
+        inside the host."""
+        shape = tuple(shape)
+        if self.sends_dense(shape) or self.per_host == 1:
+            return ()
+        shard = num_elements(self.compressed_shape(shape))
+        size = tf.as_dtype(dtype).size
+        return (
+            TensorLoad(HOST_REDUCE, 1, self.per_host * shard * size, 0),
+            TensorLoad(HOST_GATHER, 1, shard * size, 0),
+        )
+
     # --- communicating -------------------------------------------------------
 
-    def _groups(self) -> tuple[Group, Group, Group]:
-        """(everyone, this host, this local rank on every host)."""
+    def groups(self) -> tuple[Group, Group, Group]:
+        """(everyone, this host, this local rank on every host), in the
+        replica context."""
         hosts = self._require_built()
         me = replica_id()
         host = hosts[me]
@@ -243,7 +271,7 @@ class Hierarchical(Communicator):
         variables=None,
         bucket_bytes=None,
     ):
-        everyone, host, peers = self._groups()
+        everyone, host, peers = self.groups()
         n = len(tensors)
         totals, new_states = [None] * n, [None] * n
         sent = overhead = intra = wire.zero_bytes()

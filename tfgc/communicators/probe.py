@@ -23,7 +23,8 @@ from tfgc import ops
 from tfgc.communicators import topology as topology_lib
 from tfgc.communicators.collectives import Group
 from tfgc.communicators.communicator import replica_id
-from tfgc.core.bucket_costs import CollectiveCosts, Line
+from tfgc.communicators.hierarchical import REDUCE_SCATTER, Hierarchical
+from tfgc.core.bucket_costs import FREE, CollectiveCosts, Line
 from tfgc.core.cost_model import CostModel
 
 #: Bytes of the two all-reduces the line is fitted to.
@@ -46,17 +47,26 @@ def median_seconds(fn, repeats: int) -> float:
     return float(np.median(times))
 
 
-def _collective_fn(strategy, num_floats: int, options, method: str):
+def _collective_fn(
+    strategy, num_floats: int, options, method: str, group_of=None
+):
     """A callable that runs one `Group` collective (`method`) of a float32
-    buffer of `num_floats` among all replicas and waits for it."""
+    buffer of `num_floats` and waits for it: among all replicas, or in
+    the group `group_of()` returns in the replica context."""
     topology = topology_lib.current(strategy)
 
     @tf.function
     def run():
         def replica_fn():
-            group = Group(
-                topology, range(topology.num_replicas), replica_id(), options
-            )
+            if group_of is None:
+                group = Group(
+                    topology,
+                    range(topology.num_replicas),
+                    replica_id(),
+                    options,
+                )
+            else:
+                group = group_of()
             return getattr(group, method)(tf.ones([num_floats], tf.float32))
 
         result = strategy.run(replica_fn)
@@ -164,30 +174,55 @@ def collective_costs(
     strategy: tf.distribute.Strategy | None = None,
     repeats: int = 5,
     options=None,
+    communicator=None,
 ) -> CollectiveCosts:
     """Lines through this cluster's all-reduce and all-gather times at the
     two buffer sizes of `SIZES` (median of `repeats`), averaged over the
-    workers so that every worker gets the same (`agree_values`).
+    workers so that every worker gets the same (`agree_values`). Under the
+    hierarchical `communicator` the two are measured among the hosts (one
+    worker of each, as its payloads travel), and its other routes too:
+    the sum inside a host (its reduce-scatter, or all-reduce), the gather
+    inside a host and the all-reduce among all workers.
 
     Call in a cross-replica context, outside `tf.function`, on every
-    worker at the same time. With one replica nothing is communicated:
-    both lines are zero.
+    worker at the same time, the communicator built. With one replica
+    nothing is communicated: every line is zero.
     """
     strategy = strategy or tf.distribute.get_strategy()
     if strategy.num_replicas_in_sync == 1:
-        return CollectiveCosts(Line(0.0, 0.0), Line(0.0, 0.0))
+        return FREE
+    measured = [(None, "all_reduce"), (None, "all_gather")]
+    if isinstance(communicator, Hierarchical):
+        hosts = lambda: communicator.groups()[2]  # noqa: E731
+        host = lambda: communicator.groups()[1]  # noqa: E731
+        everyone = lambda: communicator.groups()[0]  # noqa: E731
+        host_sum = (
+            "reduce_scatter"
+            if communicator.intra_host_reduce == REDUCE_SCATTER
+            else "all_reduce"
+        )
+        measured = [
+            (hosts, "all_reduce"),
+            (hosts, "all_gather"),
+            (host, host_sum),
+            (host, "all_gather"),
+            (everyone, "all_reduce"),
+        ]
     times = [
         median_seconds(
-            _collective_fn(strategy, size // 4, options, method), repeats
+            _collective_fn(strategy, size // 4, options, method, group_of),
+            repeats,
         )
-        for method in ("all_reduce", "all_gather")
+        for group_of, method in measured
         for size in SIZES
     ]
     times = agree_values(times, strategy, options)
     small, large = SIZES
     return CollectiveCosts(
-        Line.through(small, times[0], large, times[1]),
-        Line.through(small, times[2], large, times[3]),
+        *(
+            Line.through(small, times[2 * i], large, times[2 * i + 1])
+            for i in range(len(measured))
+        )
     )
 
 

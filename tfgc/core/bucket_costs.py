@@ -7,8 +7,12 @@ a bucket's compression can start as soon as its gradients exist.
 
 * Collectives: a line per route, fitted to measured collectives of this
   cluster (`tfgc.communicators.probe.collective_costs`): seconds = fixed +
-  per_byte * bytes of one worker's buffer. The line holds for the number
-  of workers it was measured with; nothing about rings is assumed.
+  per_byte * bytes of one worker's buffer. The line holds for the group
+  of workers it was measured with; nothing about rings is assumed. Under
+  the hierarchical communicator the codecs' payloads travel among the
+  hosts (one worker of each), and each gradient is also summed and
+  gathered inside its host (`HOST_REDUCE`, `HOST_GATHER`) or, below its
+  size threshold, all-reduced dense among all workers (`EVERYONE`).
 * Codecs: seconds = per_tensor * tensors + per_element * elements of the
   tensors the codec compresses, measured on this device with error
   feedback where the optimizer adds it (`tfgc.optimizers.auto_plan`).
@@ -23,6 +27,15 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from tfgc.core.wire import ALL_GATHER, ALL_REDUCE
+
+#: Routes of the hierarchical exchange beside the codecs' own (ALL_REDUCE,
+#: ALL_GATHER among the hosts): a gradient's sum inside its host (a
+#: reduce-scatter, or an all-reduce where there is none), its summed
+#: shards gathered inside the host, and a dense all-reduce among all
+#: workers for gradients under the size threshold.
+HOST_REDUCE = "host_reduce"
+HOST_GATHER = "host_gather"
+EVERYONE = "everyone"
 
 
 class Line(NamedTuple):
@@ -45,17 +58,35 @@ class CollectiveCosts(NamedTuple):
     """Seconds of one fused collective, by the bytes of one worker's buffer.
 
     Attributes:
-        all_reduce: a sum of every worker's buffer.
+        all_reduce: a sum of every worker's buffer (of the group the
+            codecs' payloads travel in).
         all_gather: every worker's buffer, stacked.
+        host_reduce: the hierarchical exchange's sum inside a host (None:
+            a flat exchange, which has none); `host_gather`, `everyone`
+            likewise (the routes of the same names).
     """
 
     all_reduce: Line
     all_gather: Line
+    host_reduce: Line | None = None
+    host_gather: Line | None = None
+    everyone: Line | None = None
 
     def seconds(self, route: str, nbytes: float) -> float:
         if nbytes <= 0:
             return 0.0
-        line = self.all_reduce if route == ALL_REDUCE else self.all_gather
+        line = {
+            ALL_REDUCE: self.all_reduce,
+            ALL_GATHER: self.all_gather,
+            HOST_REDUCE: self.host_reduce,
+            HOST_GATHER: self.host_gather,
+            EVERYONE: self.everyone,
+        }[route]
+        if line is None:
+            raise ValueError(
+                f"No cost was measured for the route {route!r}: the "
+                "collectives were measured for a flat exchange."
+            )
         return line(nbytes)
 
 
@@ -117,8 +148,9 @@ def bucket_seconds(
     for loads in phases:
         seconds = _compute(loads, codec)
         rounds = max(t.rounds for t in loads)
+        routes = dict.fromkeys(t.route for t in loads)
         for r in range(rounds):
-            for route in (ALL_REDUCE, ALL_GATHER):
+            for route in routes:
                 nbytes = sum(
                     t.nbytes / t.rounds
                     for t in loads

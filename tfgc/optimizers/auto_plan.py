@@ -31,13 +31,22 @@ import tensorflow as tf
 from tfgc import compressors as compressors_lib
 from tfgc.communicators import exchange, probe
 from tfgc.communicators import topology as topology_lib
-from tfgc.communicators.hierarchical import Hierarchical
 from tfgc.compressors import switchable
 from tfgc.core import bucket_costs
-from tfgc.core.bucket_costs import CodecCosts, CollectiveCosts, TensorLoad
+from tfgc.core.bucket_costs import (
+    HOST_GATHER,
+    HOST_REDUCE,
+    CodecCosts,
+    CollectiveCosts,
+    TensorLoad,
+)
 from tfgc.core.compressor import Compressor, Network
 from tfgc.core.wire import ALL_REDUCE, num_elements
 from tfgc.optimizers import codec_timing, planning
+
+#: Routes that carry no codec's payload: not counted against a codec's
+#: own bucket size.
+HOST_ROUTES = (HOST_REDUCE, HOST_GATHER)
 
 #: The most plans tried in the first steps (`contenders`): one per
 #: default candidate. Plans that differ from the predicted best in one
@@ -134,8 +143,15 @@ class AutoPlan(NamedTuple):
         if measured:
             head += [f"{n} ms" for n in names] + ["dense fp32 ms"]
         head.append("choice")
+        # Under the hierarchical communicator the payloads travel among
+        # the hosts (its host routes measured).
+        among = (
+            "hosts (hierarchical)"
+            if measured and self.collectives.host_reduce is not None
+            else "workers"
+        )
         rows = [
-            f"tfgc Auto plan, {self.num_peers} workers, "
+            f"tfgc Auto plan, {self.num_peers} {among}, "
             f"{len(self.buckets)} buckets: {self.reason}.",
             "| " + " | ".join(head) + " |",
             "|" + "---|" * len(head),
@@ -199,12 +215,6 @@ def check_arguments(auto, communicator, error_feedback: bool) -> None:
             "the next, and error_feedback=False asks for none. Drop "
             "error_feedback=False, or replan_every."
         )
-    if isinstance(communicator, Hierarchical):
-        raise ValueError(
-            "compressor='auto' plans flat exchanges only; the hierarchical "
-            "communicator compresses between hosts. Use communicator="
-            "'auto', or a fixed compressor with 'hierarchical'."
-        )
     for candidate in auto.candidates:
         for collective in candidate.spec.collectives:
             if not communicator.supports(collective):
@@ -243,44 +253,39 @@ def _loads(settings, candidate, variables, communicator, num_peers):
         shape = tuple(variable.shape)
         part = communicator.compressed_shape(shape)
         phases, _ = planning.compressors_for(chosen, variable, part, net)
-        per_variable.append((phases, part, variable.dtype))
-    count = max(len(p) for p, _, _ in per_variable)
+        per_variable.append((phases, shape, part, variable.dtype))
+    count = max(len(p) for p, _, _, _ in per_variable)
     out = []
     for j in range(count):
         loads = []
-        for phases, part, dtype in per_variable:
+        for phases, shape, part, dtype in per_variable:
             phase = phases[j % len(phases)]
-            collective = phase.spec.collectives[0]
-            route = (
-                communicator.linear_via
-                if collective == ALL_REDUCE
-                else collective
-            )
             compressed = not isinstance(phase, compressors_lib.Identity)
             loads.append(
                 TensorLoad(
-                    route,
+                    communicator.route(shape, phase.spec.collectives[0]),
                     phase.spec.rounds,
                     int(phase.payload_bytes(part, dtype)),
                     num_elements(part) if compressed else 0,
                 )
             )
+            loads += communicator.host_loads(shape, dtype)
         out.append(loads)
     return out
 
 
 def _dense_loads(variables, communicator) -> list[list[TensorLoad]]:
-    return [
-        [
-            TensorLoad(
-                communicator.linear_via,
-                1,
-                num_elements(tuple(v.shape)) * tf.as_dtype(v.dtype).size,
-                0,
-            )
-            for v in variables
-        ]
-    ]
+    """Dense fp32 through `communicator`: each gradient (or its shard)
+    all-reduced, and what the communicator adds inside the host."""
+    loads = []
+    for v in variables:
+        shape = tuple(v.shape)
+        part = communicator.compressed_shape(shape)
+        nbytes = num_elements(part) * tf.as_dtype(v.dtype).size
+        route = communicator.route(shape, ALL_REDUCE)
+        loads.append(TensorLoad(route, 1, nbytes, 0))
+        loads += communicator.host_loads(shape, v.dtype)
+    return [loads]
 
 
 def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
@@ -315,7 +320,7 @@ def make(settings, var_list, communicator, bucket_bytes) -> AutoPlan:
     strategy = tf.distribute.get_strategy()
     options = communicator.options
     collectives = probe.collective_costs(
-        strategy, codec_timing.REPEATS, options
+        strategy, codec_timing.REPEATS, options, communicator
     )
     topology = topology_lib.current(strategy)
     local = [
@@ -478,7 +483,10 @@ def _own_sizes(settings, candidate, var_list, group, communicator):
         return [planning.dense_bytes(variables)]
     peers = communicator.num_peers
     phases = _loads(settings, candidate, variables, communicator, peers)
-    return [sum(t.nbytes for t in loads) for loads in phases]
+    return [
+        sum(t.nbytes for t in loads if t.route not in HOST_ROUTES)
+        for loads in phases
+    ]
 
 
 def contenders(auto, buckets) -> tuple[tuple[int, ...], ...]:
