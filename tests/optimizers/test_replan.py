@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import tfgc
 from tests.compressors.common import heavy_tailed, shared_key
-from tests.optimizers.test_auto_plan import _clock, _fit, _planned
+from tests.optimizers.test_auto_plan import _clock, _fit, _planned, _two_hosts
 from tfgc import communicators, compressors
 from tfgc.communicators import exchange
 from tfgc.communicators import topology as topology_lib
@@ -152,6 +152,23 @@ def test_with_one_choice_kept_it_trains_as_that_codec(
     )
     switched = _fit(mirrored, auto, 600, {})
     fixed = _fit(mirrored, lambda: codec, 600, {})
+    for a, b in zip(switched, fixed):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_switched_plan_under_the_hierarchical_one_trains_as_its_codec(
+    mirrored, monkeypatch
+):
+    """The switch over candidates (re-planning on) around the
+    hierarchical exchange: bit for bit fixed TopK's training there."""
+    monkeypatch.setattr(auto_plan, "pick", lambda auto, seconds: 1)
+    auto = lambda: compressors.Auto(  # noqa: E731
+        candidates=["identity", compressors.TopK(0.1)],
+        replan_every=1000,
+        verbose=False,
+    )
+    switched = _fit(mirrored, auto, 600, _two_hosts())
+    fixed = _fit(mirrored, lambda: compressors.TopK(0.1), 600, _two_hosts())
     for a, b in zip(switched, fixed):
         np.testing.assert_array_equal(a, b)
 
