@@ -328,6 +328,26 @@ def test_hierarchical_buckets_add_the_hosts_collectives_to_every_candidate():
     assert small.seconds == pytest.approx((5e-3 + 5e-9 * 64,) * 2)
 
 
+def test_the_hierarchical_communicator_keeps_units_apart():
+    """Each unit is also summed whole inside the host: joined, that sum
+    would wait for the last unit's gradients."""
+    h = communicators.Hierarchical(dense_threshold=0)
+    h.build(Topology((0, 0, 1, 1), ("/cpu:0",), "test", True))
+    auto = compressors.Auto(candidates=["identity", compressors.ACPSGD(1)])
+    settings = planning.Settings(auto, h, True, 0, 0, 0)
+    variables = [_Variable(8, 8), _Variable(8, 8)]
+    units = [[1], [0]]
+    assert auto_plan.join(settings, variables, units, [1, 1], h) == [
+        ([1], 1, 1),
+        ([0], 1, 1),
+    ]
+    flat = _FourWorkers()
+    joined = auto_plan.join(
+        settings._replace(communicator=flat), variables, units, [1, 1], flat
+    )
+    assert joined == [([1, 0], 1, 2)]
+
+
 def test_a_route_without_a_measured_line_is_refused():
     flat = CollectiveCosts(Line(1e-3, 1e-9), Line(1e-3, 1e-9))
     with pytest.raises(ValueError, match="'host_reduce'"):

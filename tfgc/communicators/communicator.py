@@ -88,6 +88,9 @@ class Communicator:
     name: str
     #: The collective that carries linear payloads.
     linear_via: str = ALL_REDUCE
+    #: Whether the planner (`compressor="auto"`) may join neighbouring
+    #: buckets under a codec that sizes its own by what it sends.
+    joins_buckets: bool = True
     #: The payload kinds this communicator can carry.
     supported: tuple[str, ...] = (
         ALL_REDUCE,

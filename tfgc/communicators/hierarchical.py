@@ -101,6 +101,10 @@ class Hierarchical(Communicator):
     """
 
     name = "hierarchical"
+    #: Every bucket is also summed whole inside the host, as gradients,
+    #: whatever its codec sends: joined buckets would hold that sum back
+    #: until the backward pass ends.
+    joins_buckets = False
 
     def __init__(
         self,

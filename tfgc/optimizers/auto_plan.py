@@ -383,7 +383,7 @@ def choose_joined(
     candidates = auto.candidates
     joining = [c for c, x in enumerate(candidates) if x.spec.bucket_bytes]
     choices = [b.choice for b in per_unit]
-    if not joining or len(units) < 2:
+    if not joining or len(units) < 2 or not communicator.joins_buckets:
         return choices
     has_dense = any(is_dense(x) for x in candidates)
     weight = [
@@ -452,14 +452,21 @@ def join(
     gradient bytes of the units: neighbouring units that chose it are
     joined, whole, while what it counts of them stays within its size in
     each of its phases, as it joins its tensors on its own. Every other
-    unit is an exchange bucket of its own."""
+    unit is an exchange bucket of its own, and every unit where the
+    communicator also moves whole gradients (`joins_buckets` False: the
+    hierarchical one's sum inside the host)."""
     out: list[tuple[list[int], int, int]] = []
     size: list[int] = []  # the last bucket's, per phase
     for group, choice in zip(units, choices):
         candidate = settings.compressor.candidates[choice]
         limit = candidate.spec.bucket_bytes
         own = _own_sizes(settings, candidate, var_list, group, communicator)
-        if out and limit and out[-1][1] == choice:
+        if (
+            out
+            and limit
+            and communicator.joins_buckets
+            and out[-1][1] == choice
+        ):
             together = [a + b for a, b in zip(size, own)]
             if max(together) <= limit:
                 variables, _, count = out[-1]
