@@ -67,7 +67,9 @@ def _collective_fn(
                 )
             else:
                 group = group_of()
-            return getattr(group, method)(tf.ones([num_floats], tf.float32))
+            # A reduce-scatter splits its buffer evenly among the group.
+            length = num_floats - num_floats % group.size
+            return getattr(group, method)(tf.ones([length], tf.float32))
 
         result = strategy.run(replica_fn)
         return strategy.experimental_local_results(result)[0][0]
