@@ -33,20 +33,10 @@ from tfgc.communicators import exchange, probe
 from tfgc.communicators import topology as topology_lib
 from tfgc.compressors import switchable
 from tfgc.core import bucket_costs
-from tfgc.core.bucket_costs import (
-    HOST_GATHER,
-    HOST_REDUCE,
-    CodecCosts,
-    CollectiveCosts,
-    TensorLoad,
-)
+from tfgc.core.bucket_costs import CodecCosts, CollectiveCosts, TensorLoad
 from tfgc.core.compressor import Compressor, Network
 from tfgc.core.wire import ALL_REDUCE, num_elements
 from tfgc.optimizers import codec_timing, planning
-
-#: Routes that carry no codec's payload: not counted against a codec's
-#: own bucket size.
-HOST_ROUTES = (HOST_REDUCE, HOST_GATHER)
 
 #: The most plans tried in the first steps (`contenders`): one per
 #: default candidate. Plans that differ from the predicted best in one
@@ -490,10 +480,7 @@ def _own_sizes(settings, candidate, var_list, group, communicator):
         return [planning.dense_bytes(variables)]
     peers = communicator.num_peers
     phases = _loads(settings, candidate, variables, communicator, peers)
-    return [
-        sum(t.nbytes for t in loads if t.route not in HOST_ROUTES)
-        for loads in phases
-    ]
+    return [sum(t.nbytes for t in loads) for loads in phases]
 
 
 def contenders(auto, buckets) -> tuple[tuple[int, ...], ...]:
